@@ -1,0 +1,223 @@
+"""Load a causal LM frozen, in the precision asked for, and expose what vkv's algorithms need.
+
+Everything that touches a Hugging Face model's internals (attention modules, rotary embedding, cache
+classes) lives here, so the rest of vkv talks to one small surface: `FrozenLM`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import VkvError
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
+QUANTS = ("auto", "8bit", "4bit", "bf16", "fp16", "fp32")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # never flash_attention_2: it infers packing from position ids
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes and RoPE parameters that caches and optimisers depend on."""
+
+    model_type: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    rope_theta: float
+    rope_type: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise VkvError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise VkvError(f"device '{device}' was requested but CUDA is not available on this machine")
+    return resolved
+
+
+def resolve_quant(quant: str, device: torch.device) -> str:
+    if quant not in QUANTS:
+        raise VkvError(f"unknown quantisation '{quant}'; choose one of {', '.join(QUANTS)}")
+    if quant == "auto":
+        return "8bit" if device.type == "cuda" else "fp32"
+    return quant
+
+
+def resolve_model_path(name: str) -> tuple[str, bool]:
+    """Map an alias, a directory or a hub id to what from_pretrained takes; second item: is it local."""
+    from . import zoo
+
+    if name in zoo.ZOO:
+        if not zoo.is_fetched(name):
+            raise VkvError(f"model '{name}' is not fetched yet; run `vkv models fetch {name}` first")
+        return str(zoo.model_path(name)), True
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise VkvError(f"model directory {path} has no config.json")
+        return str(path), True
+    if path.suffix or name.startswith((".", "/", "~")):
+        raise VkvError(f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a hub id")
+    return name, False
+
+
+class FrozenLM:
+    """A causal LM in eval mode with no trainable parameters, plus its tokenizer and a fingerprint."""
+
+    def __init__(self, model, tokenizer, name: str, quant: str, device: torch.device, load_seconds: float = 0.0):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.quant = quant
+        self.device = device
+        self.load_seconds = load_seconds
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.spec = _spec_from_config(model.config)
+        self.fingerprint = fingerprint(model.config, tokenizer)
+
+    # ---- what the algorithms need -------------------------------------------------------------
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def embedding_matrix(self) -> torch.Tensor:
+        """Input embedding table `[vocab, hidden]`."""
+        return self.model.get_input_embeddings().weight
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype activations flow in (the embedding dtype; int8 layers compute in it too)."""
+        return self.embedding_matrix.dtype
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids `[..., n]` → input embeddings `[..., n, hidden]`."""
+        return self.model.get_input_embeddings()(ids.to(self.device))
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        """One self-attention module per layer, in order (each has k_proj and v_proj)."""
+        layers = self.model.model.layers
+        return [layer.self_attn for layer in layers]
+
+    def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE tables at (possibly fractional) positions `[n]` → cos, sin `[n, head_dim]`."""
+        pos = positions.to(self.device, torch.float32).reshape(1, -1)
+        probe = torch.zeros(1, dtype=torch.float32, device=self.device)
+        cos, sin = self.model.model.rotary_emb(probe, position_ids=pos)
+        return cos[0], sin[0]
+
+    def rotate(self, keys: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        """Apply (or undo) RoPE to keys `[..., n, head_dim]` at positions `[n]`."""
+        cos, sin = self.rope_cos_sin(positions)
+        cos, sin = cos.to(keys.dtype), sin.to(keys.dtype)
+        if inverse:
+            sin = -sin
+        half = keys.shape[-1] // 2
+        rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
+        return keys * cos + rotated_half * sin
+
+    def new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "model": self.name,
+            "quant": self.quant,
+            "device": str(self.device),
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "fingerprint": self.fingerprint,
+            **self.spec.to_dict(),
+        }
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    quant: str = "auto",
+    device: str | None = None,
+    attn_implementation: str = "sdpa",
+) -> FrozenLM:
+    """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise VkvError(f"attention implementation '{attn_implementation}' is not supported; use sdpa or eager")
+    dev = resolve_device(device)
+    q = resolve_quant(quant, dev)
+    path, local = resolve_model_path(name)
+    start = time.perf_counter()
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, local_files_only=local)
+    kwargs.update(_quant_kwargs(q, dev))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as exc:
+        raise VkvError(f"could not load model '{name}': {str(exc).splitlines()[0]}") from exc
+    if q not in ("8bit", "4bit"):
+        model.to(dev)
+    return FrozenLM(model, tokenizer, name=name, quant=q, device=dev, load_seconds=time.perf_counter() - start)
+
+
+def _quant_kwargs(quant: str, device: torch.device) -> dict[str, Any]:
+    if quant in ("8bit", "4bit"):
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.float32 if device.type == "cpu" else torch.bfloat16
+        if quant == "8bit":
+            bnb = BitsAndBytesConfig(load_in_8bit=True)
+        else:
+            bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
+        dtype = torch.float32 if device.type == "cpu" else torch.float16
+        return dict(quantization_config=bnb, dtype=dtype, device_map={"": str(device)})
+    return dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[quant])
+
+
+def _spec_from_config(config) -> ModelSpec:
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    rope = getattr(config, "rope_parameters", None) or {}
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return ModelSpec(
+        model_type=config.model_type,
+        num_layers=config.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        hidden_size=config.hidden_size,
+        vocab_size=config.vocab_size,
+        rope_theta=float(theta),
+        rope_type=str(rope.get("rope_type", "default")),
+    )
+
+
+def fingerprint(config, tokenizer) -> str:
+    """Stable hash of what makes K/V comparable: architecture shapes, RoPE and the tokenizer's vocabulary."""
+    spec = _spec_from_config(config).to_dict()
+    spec["rms_norm_eps"] = getattr(config, "rms_norm_eps", None)
+    spec["rope_parameters"] = getattr(config, "rope_parameters", None)
+    vocab = sorted(tokenizer.get_vocab().items())
+    h = hashlib.sha256()
+    h.update(json.dumps(spec, sort_keys=True, default=str).encode())
+    h.update(json.dumps(vocab, ensure_ascii=False).encode())
+    h.update((getattr(tokenizer, "chat_template", None) or "").encode())
+    return h.hexdigest()[:16]
