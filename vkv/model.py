@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +19,19 @@ import torch
 from .errors import VkvError
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
+
+
+class _DropBitsandbytesNoise(logging.Filter):
+    """bitsandbytes logs on every int8 matmul that fp32 inputs are cast to fp16 (expected on CPU), and at
+    import that an optional 4-bit CPU kernel package is absent; both flood the output without news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not msg.startswith(("MatMul8bitLt: inputs will be cast", "Failed to load CPU gemm_4bit_forward"))
+
+
+for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+    logging.getLogger(_name).addFilter(_DropBitsandbytesNoise())
 QUANTS = ("auto", "8bit", "4bit", "bf16", "fp16", "fp32")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # never flash_attention_2: it infers packing from position ids
 
@@ -168,11 +182,15 @@ def load_model(
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, local_files_only=local)
     kwargs.update(_quant_kwargs(q, dev))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # callers show their own status; per-tensor bars drown it
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as exc:
-        raise VkvError(f"could not load model '{name}': {str(exc).splitlines()[0]}") from exc
+    except (OSError, ValueError) as exc:
+        where = "directory" if local else "hub id (not available offline or in the Hugging Face cache)"
+        raise VkvError(f"could not load model '{name}' as a {where}: {str(exc).splitlines()[0]}") from exc
     if q not in ("8bit", "4bit"):
         model.to(dev)
     return FrozenLM(model, tokenizer, name=name, quant=q, device=dev, load_seconds=time.perf_counter() - start)

@@ -1,0 +1,72 @@
+"""Shared fixtures: tiny random models (seconds) and the real CPU test model, loaded once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from vkv import zoo
+from vkv.model import FrozenLM, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent / "fixtures"
+TEST_MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="session")
+def test_model_dir() -> Path:
+    """The converted test model; fetched on first use so the suite needs no hidden setup step."""
+    return zoo.fetch(TEST_MODEL, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(test_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(test_model_dir)
+
+
+@pytest.fixture(scope="session")
+def smol(test_model_dir) -> FrozenLM:
+    return load_model(TEST_MODEL, quant="fp32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def smol8(test_model_dir) -> FrozenLM:
+    return load_model(TEST_MODEL, quant="8bit", device="cpu")
+
+
+def build_tiny(arch: str, tokenizer, seed: int = 0, layers: int = 3) -> FrozenLM:
+    """A random model of the given architecture, small enough for unit tests."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        tie_word_embeddings=True, attn_implementation="sdpa",
+    )
+    config = LlamaConfig(**common, rope_theta=10000.0) if arch == "llama" else Qwen2Config(**common)
+    model = AutoModelForCausalLM.from_config(config).float()
+    return FrozenLM(model, tokenizer, name=f"tiny-{arch}", quant="fp32", device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="session", params=["llama", "qwen2"])
+def tiny(request, smol_tokenizer) -> FrozenLM:
+    return build_tiny(request.param, smol_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smol_tokenizer) -> FrozenLM:
+    return build_tiny("llama", smol_tokenizer)
+
+
+@pytest.fixture
+def mini_transcript_path() -> Path:
+    return FIXTURES / "mini-agent.json"
+
+
+def bundled_transcripts() -> list[Path]:
+    return sorted((ROOT / "transcripts").glob("*.json"))

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from vkv.doctor import check
+from vkv.errors import VkvError
+from vkv.model import fingerprint, load_model, resolve_quant
+
+from .conftest import build_tiny
+
+
+def test_tiny_models_are_frozen_and_described(tiny):
+    assert not tiny.model.training
+    assert all(not p.requires_grad for p in tiny.model.parameters())
+    assert tiny.spec.num_layers == 3 and tiny.spec.num_kv_heads == 2 and tiny.spec.head_dim == 16
+    assert len(tiny.attention_modules()) == 3
+
+
+def test_fingerprint_is_stable_and_sensitive(smol_tokenizer):
+    a = build_tiny("llama", smol_tokenizer, seed=0)
+    b = build_tiny("llama", smol_tokenizer, seed=1)  # other weights, same architecture and tokenizer
+    c = build_tiny("llama", smol_tokenizer, layers=4)
+    assert a.fingerprint == b.fingerprint
+    assert a.fingerprint != c.fingerprint
+    assert fingerprint(a.config, smol_tokenizer) == a.fingerprint
+
+
+def test_auto_quant_means_fp32_on_cpu_and_8bit_on_cuda():
+    assert resolve_quant("auto", torch.device("cpu")) == "fp32"
+    assert resolve_quant("auto", torch.device("cuda")) == "8bit"
+    with pytest.raises(VkvError, match="unknown quantisation"):
+        resolve_quant("int3", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["./no/such/dir", "/definitely/missing", "not-a-real-org/not-a-real-model-xyz"])
+def test_unknown_model_is_one_clear_error(name, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(VkvError, match="model"):
+        load_model(name, quant="fp32", device="cpu")
+
+
+def test_doctor_on_tiny_model_sees_gradients(tiny):
+    report = check(tiny)
+    assert report["ok"] and report["grad_norm"] > 0 and report["trainable_parameters"] == 0
+
+
+def test_rotate_then_unrotate_is_identity(tiny):
+    keys = torch.randn(2, 5, tiny.spec.head_dim)
+    positions = torch.tensor([0.0, 3.5, 7.25, 100.0, 4000.0])
+    back = tiny.rotate(tiny.rotate(keys, positions), positions, inverse=True)
+    assert torch.allclose(back, keys, atol=1e-5)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("quant", ["fp32", "8bit"])
+def test_doctor_on_test_model(quant, smol, smol8):
+    lm = smol if quant == "fp32" else smol8
+    report = check(lm)
+    assert report["ok"], report
+    assert report["num_layers"] == 30 and report["num_kv_heads"] == 3 and report["head_dim"] == 64
+    if quant == "8bit":
+        import bitsandbytes as bnb
+
+        assert isinstance(lm.attention_modules()[0].v_proj, bnb.nn.Linear8bitLt)
+    assert smol.fingerprint == smol8.fingerprint
