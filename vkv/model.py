@@ -149,10 +149,83 @@ class FrozenLM:
         rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
         return keys * cos + rotated_half * sin
 
+    def causal_mask(self, past_length: int, new_length: int) -> torch.Tensor:
+        """Additive mask `[1, 1, new, past + new]`: every new token sees all past entries and earlier new ones.
+
+        Always passed explicitly, because with non-unit position steps transformers may otherwise infer
+        packed sequences and block attention across them.
+        """
+        blocked = torch.ones(new_length, new_length, dtype=torch.bool, device=self.device).triu(1)
+        mask = torch.zeros(new_length, past_length + new_length, dtype=self.dtype, device=self.device)
+        mask[:, past_length:].masked_fill_(blocked, torch.finfo(self.dtype).min)
+        return mask[None, None]
+
+    def forward_kv(
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        prefix: "KVPrefix",
+        last_layer: int | None = None,
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Run input embeddings `[1, n, hidden]` at `positions` `[n]` on top of a read-only prefix.
+
+        Returns the new tokens' post-RoPE keys and values per layer (each `[1, kv_heads, n, head_dim]`) up
+        to `last_layer` (default: all); the pass stops right after that layer's K/V projection, so later
+        layers, the attention output, MLP, final norm and LM head are never computed.
+        """
+        last = self.spec.num_layers - 1 if last_layer is None else last_layer
+        recorder = _RecordingPrefix(prefix, last)
+        mask = self.causal_mask(prefix.length, embeds.shape[1])
+        try:
+            self.model.model(
+                inputs_embeds=embeds.to(self.dtype),
+                position_ids=positions.to(self.device).float().reshape(1, -1),
+                attention_mask=mask,
+                past_key_values=recorder,
+                use_cache=True,
+            )
+        except _StopForward:
+            pass
+        return recorder.keys, recorder.values
+
+    def attention_to(self, ids: torch.Tensor, keys_start: int, keys_end: int, queries_start: int) -> torch.Tensor:
+        """Mean attention `[keys_end - keys_start]` that tokens ids[queries_start:] pay to ids[keys_start:keys_end],
+        averaged over layers, heads and query tokens (eager attention, the only kind that returns weights)."""
+        current = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=ids.reshape(1, -1).to(self.device), output_attentions=True)
+        finally:
+            self.model.set_attn_implementation(current)
+        per_layer = [a[0, :, queries_start:, keys_start:keys_end].float().mean(dim=(0, 1)) for a in out.attentions]
+        return torch.stack(per_layer).mean(0).cpu()
+
     def new_cache(self):
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
+
+    @staticmethod
+    def crop_cache(cache, length: int) -> None:
+        """Drop every entry past `length` (transformers' own crop changed meaning across versions)."""
+        for layer in cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.shape[2] > length:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+
+    def stop_token_ids(self) -> set[int]:
+        """End-of-sequence and end-of-turn ids: where greedy answers stop."""
+        ids = set()
+        eos = self.model.config.eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+            tid = self.tokenizer.convert_tokens_to_ids(marker)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return ids
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -239,3 +312,50 @@ def fingerprint(config, tokenizer) -> str:
     h.update(json.dumps(vocab, ensure_ascii=False).encode())
     h.update((getattr(tokenizer, "chat_template", None) or "").encode())
     return h.hexdigest()[:16]
+
+
+@dataclass
+class KVPrefix:
+    """Read-only per-layer keys and values `[1, kv_heads, length, head_dim]` that new tokens attend to."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @classmethod
+    def from_cache(cls, cache, length: int | None = None) -> "KVPrefix":
+        """Views of the first `length` entries of a transformers cache (no copy)."""
+        keys = [layer.keys[:, :, :length] for layer in cache.layers]
+        values = [layer.values[:, :, :length] for layer in cache.layers]
+        return cls(keys, values)
+
+
+class _StopForward(Exception):
+    """Raised inside the last needed layer so nothing after its K/V projection is computed."""
+
+
+class _RecordingPrefix:
+    """Duck-typed cache: records the new tokens' K/V and returns prefix ⊕ new, never mutating the prefix."""
+
+    def __init__(self, prefix: KVPrefix, last_layer: int):
+        self.prefix = prefix
+        self.last_layer = last_layer
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        self.keys.append(key_states)
+        self.values.append(value_states)
+        if layer_idx == self.last_layer:
+            raise _StopForward
+        if self.prefix.length == 0:
+            return key_states, value_states
+        keys = torch.cat([self.prefix.keys[layer_idx].to(key_states.dtype), key_states], dim=2)
+        values = torch.cat([self.prefix.values[layer_idx].to(value_states.dtype), value_states], dim=2)
+        return keys, values
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.prefix.length

@@ -309,3 +309,47 @@ def render(transcript: Transcript, tokenizer, chat_format: ChatFormat | None = N
         spans.append(MessageSpan(i, message.role, len(ids), len(prefix_ids)))
         ids = prefix_ids
     return Rendered(ids, spans, text, inlined_tool_calls=not fmt.keeps_tool_calls, tool_role_as=fmt.tool_role)
+
+
+def followup_ids(tokenizer, rendered: Rendered, transcript: Transcript, user_text: str, answer_prefix: str = "",
+                 chat_format: ChatFormat | None = None) -> list[int]:
+    """Token ids that continue `rendered` with a user message, the assistant prompt and an answer prefix.
+
+    Checked to be a token-level continuation: rendered.ids + followup == ids of the whole rendering.
+    """
+    fmt = chat_format or ChatFormat(tokenizer)
+    chats = [fmt.to_chat(m) for m in transcript.messages] + [{"role": "user", "content": user_text}]
+    text = fmt.render_text(chats, add_generation_prompt=True)
+    if answer_prefix:
+        text += answer_prefix
+    if not text.startswith(rendered.text):
+        raise VkvError(f"{transcript.path or transcript.id}: the chat template rewrites earlier messages when a "
+                       "question is appended, so the question cannot continue the cached context")
+    full = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if full[: len(rendered.ids)] != rendered.ids:
+        raise VkvError(f"{transcript.path or transcript.id}: appending a question changes the tokens of the context")
+    return full[len(rendered.ids):]
+
+
+def continuation_ids(tokenizer, prompt_text: str, continuation: str) -> list[int]:
+    """Ids of `continuation` as it tokenises after `prompt_text` (leading space included)."""
+    head = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    both = tokenizer(prompt_text + continuation, add_special_tokens=False)["input_ids"]
+    if both[: len(head)] == head and len(both) > len(head):
+        return both[len(head):]
+    return tokenizer(continuation, add_special_tokens=False)["input_ids"]
+
+
+def parse_turn_span(text: str | None, transcript: Transcript) -> tuple[int, int]:
+    """'turns:A-B' (inclusive, 0-based) → [A, B+1); None → the default span."""
+    if text is None:
+        return transcript.default_span()
+    body = text.removeprefix("turns:")
+    try:
+        first, last = (int(x) for x in body.split("-", 1)) if "-" in body else (int(body), int(body))
+    except ValueError:
+        raise VkvError(f"--span {text!r}: expected turns:A-B with message indices, e.g. turns:1-12") from None
+    n = len(transcript.messages)
+    if not 0 <= first <= last < n:
+        raise VkvError(f"--span {text!r}: turns must satisfy 0 ≤ A ≤ B < {n} for {transcript.path or transcript.id}")
+    return first, last + 1

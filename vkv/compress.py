@@ -1,0 +1,153 @@
+"""Compress one span of a rendered conversation into virtual tokens and splice them into a cache.
+
+One forward pass over the uncompressed text up to the span's end gives the prefix K/V, the span's per-layer
+V (and pre-RoPE K) and per-token surprisal. Pooled targets are matched by optimising k virtual embeddings;
+tokens after the span (if any) are re-encoded on top of the compressed cache at their original positions,
+so nothing they carry was computed with the uncompressed span in view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable
+
+import torch
+
+from .cache import Segment, SplicedCache, verbatim_segment
+from .capture import capture_span
+from .decode import Context
+from .errors import VkvError
+from .model import FrozenLM, KVPrefix
+from .optimize import OptimConfig, optimise
+from .pooling import block_weights, num_virtual_tokens, partition
+from .positions import virtual_positions
+from .targets import build_targets
+
+BOUNDARIES = ("equal", "lines")
+
+
+@dataclass
+class CompressConfig:
+    ratio: float = 3.2
+    pooling: str = "surprisal"
+    positions: str = "interpolate"
+    target: str = "v"
+    boundaries: str = "equal"  # equal token counts, or edges snapped to message and line starts
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CompressConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise VkvError(f"unknown compression setting(s): {', '.join(sorted(unknown))}")
+        optim = d.get("optim", {})
+        optim_known = {f.name for f in fields(OptimConfig)}
+        if set(optim) - optim_known:
+            raise VkvError(f"unknown optimiser setting(s): {', '.join(sorted(set(optim) - optim_known))}")
+        return cls(**{**d, "optim": OptimConfig(**optim)})
+
+
+def line_cuts(lm: FrozenLM, ids: list[int], start: int, end: int, message_starts: list[int]) -> list[int]:
+    """Span-relative indices where a block may start: after a newline token, or at a message start."""
+    cuts = {m - start for m in message_starts if start < m < end}
+    for i, tid in enumerate(ids[start:end - 1]):
+        if "\n" in lm.tokenizer.decode([tid]):
+            cuts.add(i + 1)
+    return sorted(cuts)
+
+
+def virtual_segment(
+    lm: FrozenLM,
+    ids: list[int],
+    start: int,
+    end: int,
+    config: CompressConfig,
+    cache=None,
+    message_starts: list[int] | None = None,
+    attention: torch.Tensor | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+):
+    """Optimise virtual tokens for ids[start:end]; returns (segment, the full-context cache up to `end`)."""
+    ids_t = torch.tensor(ids)
+    acts, full_cache = capture_span(lm, ids_t, start, end, keep_cache=True)
+    k = num_virtual_tokens(end - start, config.ratio)
+    if config.boundaries not in BOUNDARIES:
+        raise VkvError(f"unknown block boundaries '{config.boundaries}'; choose one of {', '.join(BOUNDARIES)}")
+    cuts = line_cuts(lm, ids, start, end, message_starts or []) if config.boundaries == "lines" else None
+    blocks = partition(end - start, k, cuts)
+    weights = block_weights(config.pooling, blocks, acts.surprisal, attention)
+    targets = build_targets(lm, ids_t, acts, blocks, weights, config.target)
+    positions = virtual_positions(config.positions, start, end, k)
+    prefix = KVPrefix.from_cache(cache if cache is not None else full_cache, None if cache is not None else start)
+    result = optimise(lm, prefix, targets, positions, config.optim, on_step=on_step)
+    with torch.no_grad():
+        keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
+    segment = Segment(
+        "virtual", (start, end),
+        torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, result.embeddings,
+        stats=result.summary(),
+    )
+    return segment, full_cache
+
+
+def compress(
+    lm: FrozenLM,
+    ids: list[int],
+    start: int,
+    end: int,
+    config: CompressConfig,
+    message_starts: list[int] | None = None,
+    attention: torch.Tensor | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SplicedCache:
+    """Prefix verbatim, [start, end) virtual, everything after re-encoded on top: a SplicedCache of `ids`."""
+    if not 0 <= start < end <= len(ids):
+        raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
+    segment, full_cache = virtual_segment(lm, ids, start, end, config, None, message_starts, attention, on_step)
+    spliced = SplicedCache()
+    if start > 0:
+        spliced.append(verbatim_segment(full_cache, 0, start))
+    spliced.append(segment)
+    if end < len(ids):
+        spliced.append(reencode(lm, spliced, ids[end:]))
+    return spliced
+
+
+def reencode(lm: FrozenLM, spliced: SplicedCache, ids: list[int]) -> Segment:
+    """Verbatim K/V of `ids` computed on top of the spliced cache at its next logical positions."""
+    context = Context(lm, spliced)
+    context.feed(ids)
+    new = KVPrefix.from_cache(context.cache)
+    start = spliced.next_position
+    segment = verbatim_segment(new, spliced.physical_length, spliced.physical_length + len(ids))
+    segment.span = (start, start + len(ids))
+    segment.positions = torch.arange(start, start + len(ids)).float()
+    segment.keys, segment.values = segment.keys.float().cpu(), segment.values.float().cpu()
+    return segment
+
+
+def compress_transcript(
+    lm: FrozenLM,
+    transcript,
+    turns: tuple[int, int],
+    config: CompressConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SplicedCache:
+    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later."""
+    from .cache import cache_metadata
+    from .transcript import render
+
+    rendered = render(transcript, lm.tokenizer)
+    start, end = rendered.token_span(*turns)
+    spliced = compress(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
+    spliced.meta = cache_metadata(
+        lm,
+        transcript={"id": transcript.id, "sha256": transcript.sha256, "path": transcript.path,
+                    "turns": list(turns), "tokens": len(rendered.ids)},
+        config=config.to_dict(),
+    )
+    return spliced
