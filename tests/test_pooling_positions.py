@@ -1,0 +1,57 @@
+import pytest
+import torch
+
+from vkv.errors import VkvError
+from vkv.pooling import block_weights, num_virtual_tokens, partition, pool
+from vkv.positions import virtual_positions
+
+
+def test_num_virtual_tokens_rounds_and_refuses_bad_ratios():
+    assert num_virtual_tokens(320, 3.2) == 100
+    assert num_virtual_tokens(5, 100.0) == 1
+    with pytest.raises(VkvError, match="at least 1"):
+        num_virtual_tokens(100, 0.5)
+    with pytest.raises(VkvError, match="empty"):
+        num_virtual_tokens(0, 2.0)
+
+
+def test_equal_partition_tiles_the_span():
+    blocks = partition(10, 3)
+    assert blocks.edges[0] == 0 and blocks.edges[-1] == 10 and blocks.count == 3
+    assert all(hi > lo for lo, hi in blocks.ranges())
+
+
+def test_snapped_partition_prefers_cut_candidates_and_keeps_blocks_non_empty():
+    blocks = partition(20, 4, cut_candidates=[4, 11, 14, 19])
+    assert blocks.edges == (0, 4, 11, 14, 20)
+    squeezed = partition(4, 4, cut_candidates=[1])
+    assert squeezed.edges == (0, 1, 2, 3, 4)
+
+
+def test_surprisal_weights_are_proportional_and_normalised_per_block():
+    blocks = partition(4, 2)
+    s = torch.tensor([1.0, 3.0, float("nan"), 2.0])
+    w = block_weights("surprisal", blocks, s)
+    assert torch.allclose(w[:2], torch.tensor([0.25, 0.75]))
+    assert torch.allclose(w[2:].sum(), torch.tensor(1.0))  # the NaN takes the mean surprisal
+    assert torch.allclose(block_weights("uniform", blocks, s), torch.full((4,), 0.5))
+    with pytest.raises(VkvError, match="question-specific"):
+        block_weights("attention", blocks, s)
+    with pytest.raises(VkvError, match="unknown pooling"):
+        block_weights("median", blocks, s)
+
+
+def test_pool_is_a_weighted_block_sum():
+    blocks = partition(4, 2)
+    x = torch.arange(8.0).reshape(1, 4, 2)
+    w = torch.tensor([0.5, 0.5, 1.0, 0.0])
+    out = pool(x, blocks, w, dim=1)
+    assert torch.allclose(out, torch.tensor([[[1.0, 2.0], [4.0, 5.0]]]))
+
+
+def test_position_schemes():
+    assert torch.allclose(virtual_positions("interpolate", 144, 386, 3), torch.tensor([144.0, 264.5, 385.0]))
+    assert torch.allclose(virtual_positions("rounded", 144, 386, 3), torch.tensor([144.0, 264.0, 385.0]))
+    assert torch.allclose(virtual_positions("consecutive", 144, 386, 3), torch.tensor([144.0, 145.0, 146.0]))
+    with pytest.raises(VkvError, match="unknown position scheme"):
+        virtual_positions("spiral", 0, 10, 2)
