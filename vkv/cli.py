@@ -224,7 +224,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_ask(args: argparse.Namespace) -> int:
     from .cache import load_cache, read_header
     from .decode import Context
-    from .transcript import load_transcript, render, followup_ids
+    from .transcript import followup, load_transcript, render
 
     header = read_header(args.cache)
     if args.model is None:
@@ -238,7 +238,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if header.get("transcript", {}).get("sha256") not in (None, transcript.sha256):
         raise VkvError(f"{transcript_path}: field sha256: this transcript is not the one the cache was built from")
     rendered = render(transcript, lm.tokenizer)
-    prompt = followup_ids(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
+    prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
     answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)
     console.print(f"[bold]Q:[/] {args.question}")
     console.print(f"[bold]A:[/] {(args.answer_prefix or '')}{answer}")

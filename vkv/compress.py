@@ -63,35 +63,31 @@ def line_cuts(lm: FrozenLM, ids: list[int], start: int, end: int, message_starts
 def virtual_segment(
     lm: FrozenLM,
     ids: list[int],
-    start: int,
-    end: int,
+    acts,
+    prefix: KVPrefix,
     config: CompressConfig,
-    cache=None,
     message_starts: list[int] | None = None,
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
-):
-    """Optimise virtual tokens for ids[start:end]; returns (segment, the full-context cache up to `end`)."""
-    ids_t = torch.tensor(ids)
-    acts, full_cache = capture_span(lm, ids_t, start, end, keep_cache=True)
+) -> Segment:
+    """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`."""
+    start, end = acts.start, acts.end
     k = num_virtual_tokens(end - start, config.ratio)
     if config.boundaries not in BOUNDARIES:
         raise VkvError(f"unknown block boundaries '{config.boundaries}'; choose one of {', '.join(BOUNDARIES)}")
     cuts = line_cuts(lm, ids, start, end, message_starts or []) if config.boundaries == "lines" else None
     blocks = partition(end - start, k, cuts)
     weights = block_weights(config.pooling, blocks, acts.surprisal, attention)
-    targets = build_targets(lm, ids_t, acts, blocks, weights, config.target)
+    targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
     positions = virtual_positions(config.positions, start, end, k)
-    prefix = KVPrefix.from_cache(cache if cache is not None else full_cache, None if cache is not None else start)
     result = optimise(lm, prefix, targets, positions, config.optim, on_step=on_step)
     with torch.no_grad():
         keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
-    segment = Segment(
+    return Segment(
         "virtual", (start, end),
         torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, result.embeddings,
         stats=result.summary(),
     )
-    return segment, full_cache
 
 
 def compress(
@@ -107,7 +103,9 @@ def compress(
     """Prefix verbatim, [start, end) virtual, everything after re-encoded on top: a SplicedCache of `ids`."""
     if not 0 <= start < end <= len(ids):
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
-    segment, full_cache = virtual_segment(lm, ids, start, end, config, None, message_starts, attention, on_step)
+    acts, full_cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
+    prefix = KVPrefix.from_cache(full_cache, start)
+    segment = virtual_segment(lm, ids, acts, prefix, config, message_starts, attention, on_step)
     spliced = SplicedCache()
     if start > 0:
         spliced.append(verbatim_segment(full_cache, 0, start))

@@ -311,11 +311,10 @@ def render(transcript: Transcript, tokenizer, chat_format: ChatFormat | None = N
     return Rendered(ids, spans, text, inlined_tool_calls=not fmt.keeps_tool_calls, tool_role_as=fmt.tool_role)
 
 
-def followup_ids(tokenizer, rendered: Rendered, transcript: Transcript, user_text: str, answer_prefix: str = "",
-                 chat_format: ChatFormat | None = None) -> list[int]:
-    """Token ids that continue `rendered` with a user message, the assistant prompt and an answer prefix.
-
-    Checked to be a token-level continuation: rendered.ids + followup == ids of the whole rendering.
+def followup(tokenizer, rendered: Rendered, transcript: Transcript, user_text: str, answer_prefix: str = "",
+             chat_format: ChatFormat | None = None) -> tuple[list[int], str]:
+    """Ids (and the whole text) that continue `rendered` with a user message, the assistant prompt and an
+    answer prefix; checked to be a token-level continuation: rendered.ids + ids == ids of the whole text.
     """
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages] + [{"role": "user", "content": user_text}]
@@ -328,7 +327,7 @@ def followup_ids(tokenizer, rendered: Rendered, transcript: Transcript, user_tex
     full = tokenizer(text, add_special_tokens=False)["input_ids"]
     if full[: len(rendered.ids)] != rendered.ids:
         raise VkvError(f"{transcript.path or transcript.id}: appending a question changes the tokens of the context")
-    return full[len(rendered.ids):]
+    return full[len(rendered.ids):], text
 
 
 def continuation_ids(tokenizer, prompt_text: str, continuation: str) -> list[int]:

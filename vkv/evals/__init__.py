@@ -1,0 +1,1 @@
+"""Factual-recall evaluation: every method is scored by the same questions, references and metrics."""

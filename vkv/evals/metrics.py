@@ -1,0 +1,49 @@
+"""Deterministic metrics: whole-token keyword matching, choice accuracy, retention and fidelity KL."""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+
+import torch
+
+# A keyword matches as a whole token: not inside a longer word (letters, digits, _ and - count as word
+# characters), and not glued to one by inner punctuation such as node:test or bcrypt.js.
+_WORD = r"[\w-]"
+_JOINER = r"[:./@]"
+
+
+@lru_cache(maxsize=1024)
+def _pattern(keyword: str) -> re.Pattern:
+    return re.compile(
+        rf"(?<!{_WORD})(?<!\w{_JOINER}){re.escape(keyword)}(?!{_WORD})(?!{_JOINER}\w)", re.IGNORECASE
+    )
+
+
+def contains_keyword(text: str, keyword: str) -> bool:
+    return _pattern(keyword.strip()).search(text) is not None
+
+
+def keyword_correct(answer: str, accept: tuple[str, ...] | list[str], reject: tuple[str, ...] | list[str]) -> bool:
+    """An accepted keyword appears and no rejected one does (case-insensitive, whole tokens)."""
+    return any(contains_keyword(answer, a) for a in accept) and not any(contains_keyword(answer, r) for r in reject)
+
+
+def retention(lp_method: float, lp_none: float, lp_full: float) -> float | None:
+    """Fraction of the context's evidence kept: (lp_method − lp_none) / (lp_full − lp_none); None if no gap."""
+    gap = lp_full - lp_none
+    if gap <= 0:
+        return None
+    return (lp_method - lp_none) / gap
+
+
+def kl_full_to_method(full_logp: torch.Tensor, method_logp: torch.Tensor) -> float:
+    """Mean over positions of KL(full ‖ method) between next-token distributions `[positions, vocab]`."""
+    p = full_logp.exp()
+    return float((p * (full_logp - method_logp)).sum(-1).mean())
+
+
+def mean(values) -> float | None:
+    values = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    return sum(values) / len(values) if values else None

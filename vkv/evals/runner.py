@@ -1,0 +1,188 @@
+"""Score methods on a transcript: full and none references once, then each method at a ratio.
+
+Every method gets the same `SpanWork` (one full-context forward pass per transcript) and is measured the
+same way: greedy answers (keyword accuracy), log-probabilities of the choices after the answer prefix
+(choice accuracy, retention) and next-token distributions over the question and answer (fidelity KL).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from .. import __version__
+from ..cache import Segment, SplicedCache, verbatim_segment
+from ..capture import capture_span
+from ..compress import reencode
+from ..decode import Context
+from ..errors import VkvError
+from ..methods import Method, SpanWork
+from ..model import FrozenLM, KVPrefix
+from ..transcript import Question, Transcript, continuation_ids, followup, render
+from .metrics import keyword_correct, kl_full_to_method, mean, retention
+
+
+@dataclass
+class EvalSettings:
+    min_gap: float = 1.0  # nats; questions whose full-vs-none gap is smaller are flagged, not averaged
+    max_new_tokens: int = 24
+    seed: int = 0
+
+
+@dataclass
+class PreparedQuestion:
+    question: Question
+    prompt: list[int]  # question turn + assistant prompt + answer prefix, continuing the conversation
+    choices: list[list[int]]  # each choice's ids as it follows the prompt; choices[0] is correct
+
+    @property
+    def fidelity_ids(self) -> list[int]:
+        return self.prompt + self.choices[0][:-1]
+
+
+@dataclass
+class Measurement:
+    answer: str
+    choice_logprobs: list[float]
+    choice_mean_logprobs: list[float]
+    fidelity_logp: torch.Tensor  # [positions, vocab]
+
+
+class TranscriptEval:
+    """One transcript prepared for scoring: rendering, span, prompts, shared work and both references."""
+
+    def __init__(self, lm: FrozenLM, transcript: Transcript, turns: tuple[int, int] | None = None,
+                 settings: EvalSettings | None = None):
+        self.lm, self.transcript = lm, transcript
+        self.settings = settings or EvalSettings()
+        self.turns = turns or transcript.default_span()
+        self.rendered = render(transcript, lm.tokenizer)
+        self.start, self.end = self.rendered.token_span(*self.turns)
+        if not transcript.questions:
+            raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")
+        self.questions = [self._prepare(q) for q in transcript.questions]
+        acts, cache = capture_span(lm, self.rendered.ids, self.start, self.end, keep_cache=True)
+        self.work = SpanWork(lm, list(self.rendered.ids), self.start, self.end, KVPrefix.from_cache(cache), acts,
+                             [s.start for s in self.rendered.spans], seed=self.settings.seed)
+        self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
+        self.none = self.measure(self.splice(None))
+
+    def _prepare(self, q: Question) -> PreparedQuestion:
+        prompt, text = followup(self.lm.tokenizer, self.rendered, self.transcript, q.question, q.answer_prefix)
+        options = list(q.choices) or list(q.accept[:1])
+        sep = " " if q.answer_prefix and not q.answer_prefix.endswith((" ", "\n")) else ""
+        return PreparedQuestion(q, prompt, [continuation_ids(self.lm.tokenizer, text, sep + c) for c in options])
+
+    # ---- building and measuring contexts ------------------------------------------------------
+    def splice(self, segment: Segment | None) -> SplicedCache:
+        spliced = SplicedCache()
+        if self.start > 0:
+            spliced.append(verbatim_segment(self.work.kv, 0, self.start))
+        if segment is not None:
+            spliced.append(segment)
+        spliced.next_position = self.end
+        if self.end < len(self.rendered.ids):
+            spliced.append(reencode(self.lm, spliced, self.rendered.ids[self.end:]))
+        return spliced
+
+    def measure(self, spliced: SplicedCache) -> list[Measurement]:
+        context = Context(self.lm, spliced)
+        results = []
+        for pq in self.questions:
+            lps = context.continuation_logprobs(pq.prompt, pq.choices)
+            answer_ids = context.greedy(pq.prompt, self.settings.max_new_tokens)
+            results.append(Measurement(
+                answer=self.lm.tokenizer.decode(answer_ids, skip_special_tokens=True),
+                choice_logprobs=[float(x.sum()) for x in lps],
+                choice_mean_logprobs=[float(x.mean()) for x in lps],
+                fidelity_logp=context.next_token_logprobs(pq.fidelity_ids),
+            ))
+        return results
+
+    # ---- scoring ---------------------------------------------------------------------------------
+    def evaluate(self, method: Method, ratio: float | None, on_step: Callable | None = None) -> dict[str, Any]:
+        torch.manual_seed(self.settings.seed)
+        started = time.perf_counter()
+        if method.name == "full":
+            segment, measured = self.work.keep(list(range(self.end - self.start))), self.full
+        elif method.name == "none":
+            segment, measured = None, self.none
+        else:
+            kwargs = {"on_step": on_step} if on_step and method.name in ("vkv", "meanpool") else {}
+            segment = method.compress(self.work, ratio or 1.0, **kwargs)
+            measured = None
+        seconds = time.perf_counter() - started
+        spliced = self.splice(segment)
+        if measured is None:
+            measured = self.measure(spliced)
+        return self.result(method.name, method.config(), method.question_aware, ratio, spliced, measured, seconds,
+                           segment.stats if segment is not None else {})
+
+    def evaluate_cache(self, spliced: SplicedCache, label: str = "cache") -> dict[str, Any]:
+        if spliced.next_position != len(self.rendered.ids):
+            raise VkvError(f"cache stands for {spliced.next_position} tokens but the transcript renders to "
+                           f"{len(self.rendered.ids)}; was it built from this transcript with the default span?")
+        return self.result(label, spliced.meta.get("config", {}), False, None, spliced, self.measure(spliced), 0.0, {})
+
+    def result(self, name, config, question_aware, ratio, spliced, measured, seconds, stats) -> dict[str, Any]:
+        span_tokens = self.end - self.start
+        entries = spliced.span_entries(self.start, self.end)
+        questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
+        usable = [q for q in questions if not q["weak"]]
+        return {
+            "transcript": self.transcript.id,
+            "method": name,
+            "model": self.lm.name,
+            "quant": self.lm.quant,
+            "ratio_requested": ratio,
+            "ratio_achieved": round(span_tokens / entries, 4) if entries else None,
+            "span_tokens": span_tokens,
+            "compressed_entries": entries,
+            "seconds": round(seconds, 3),
+            "question_aware": question_aware,
+            "turns": list(self.turns),
+            "config": config,
+            "eval": asdict(self.settings),
+            "vkv_version": __version__,
+            "optimisation": {k: v for k, v in stats.items() if k != "trace"} if stats else {},
+            "loss_trace": stats.get("trace", []) if stats else [],
+            "questions": questions,
+            "summary": {
+                "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
+                "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
+                "choice_accuracy_normalised": mean(float(q["choice_correct_normalised"]) for q in questions),
+                "mean_retention": mean(q["retention"] for q in usable),
+                "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
+                "questions": len(questions),
+                "weak_questions": len(questions) - len(usable),
+            },
+        }
+
+    def _score(self, pq: PreparedQuestion, m: Measurement, full: Measurement, none: Measurement) -> dict[str, Any]:
+        q = pq.question
+        lp, lp_full, lp_none = m.choice_logprobs[0], full.choice_logprobs[0], none.choice_logprobs[0]
+        gap = lp_full - lp_none
+        return {
+            "id": q.id,
+            "answer": m.answer,
+            "keyword_correct": keyword_correct(m.answer, q.accept, q.reject),
+            "choice_correct": _argmax(m.choice_logprobs) == 0,
+            "choice_correct_normalised": _argmax(m.choice_mean_logprobs) == 0,
+            "answer_logprob": round(lp, 4),
+            "choice_logprobs": [round(x, 4) for x in m.choice_logprobs],
+            "gap": round(gap, 4),
+            "weak": gap < self.settings.min_gap,
+            "retention": _round(retention(lp, lp_none, lp_full)),
+            "fidelity_kl": round(kl_full_to_method(full.fidelity_logp, m.fidelity_logp), 5),
+        }
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(x, digits)

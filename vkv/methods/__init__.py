@@ -1,0 +1,26 @@
+"""Registry of context-compression methods, one file each; all share `Method.compress(work, ratio)`."""
+
+from __future__ import annotations
+
+from ..errors import VkvError
+from .base import Method, SpanWork
+from .full import Full
+from .knorm import KeyNorm
+from .none import NoContext
+from .snapkv import SnapKV
+from .streaming import Streaming
+from .truncate import Truncate
+from .virtual import MeanPool, VirtualTokens
+
+METHODS: dict[str, type[Method]] = {
+    cls.name: cls for cls in (Full, NoContext, Truncate, MeanPool, VirtualTokens, Streaming, SnapKV, KeyNorm)
+}
+
+
+def get_method(name: str, **options) -> Method:
+    if name not in METHODS:
+        raise VkvError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
+    return METHODS[name](**options)
+
+
+__all__ = ["METHODS", "Method", "SpanWork", "get_method"]

@@ -1,0 +1,70 @@
+"""The one interface every context-compression method implements, and what it is given.
+
+A method sees the rendered conversation and the span to compress, never the evaluation questions: the
+`SpanWork` it receives has no field that could carry them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..cache import Segment
+from ..capture import Activations
+from ..model import FrozenLM, KVPrefix
+from ..pooling import num_virtual_tokens
+
+
+@dataclass
+class SpanWork:
+    """Everything a method may use to compress ids[start:end] (computed once per transcript)."""
+
+    lm: FrozenLM
+    ids: list[int]  # the rendered conversation, without any question
+    start: int
+    end: int
+    kv: KVPrefix  # full-context K/V of ids[:end], `[1, kv_heads, end, head_dim]` per layer
+    acts: Activations  # the span's V, pre-RoPE K and surprisal
+    message_starts: list[int]
+    seed: int = 0
+    attention: torch.Tensor | None = None  # only for explicitly question-aware variants
+
+    @property
+    def span_length(self) -> int:
+        return self.end - self.start
+
+    def budget(self, ratio: float) -> int:
+        """Entries a method may keep for the span at this ratio (the same rounding for every method)."""
+        return num_virtual_tokens(self.span_length, ratio)
+
+    def keep(self, relative: torch.Tensor | list[int]) -> Segment:
+        """Verbatim segment of the span's tokens at these span-relative indices, at their original positions."""
+        idx = torch.as_tensor(relative, dtype=torch.long).sort().values + self.start
+        keys = torch.stack([k[0, :, idx] for k in self.kv.keys]).float().cpu()
+        values = torch.stack([v[0, :, idx] for v in self.kv.values]).float().cpu()
+        return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
+
+
+class Method:
+    """A KV-level method: returns the segment that stands for the span (None: the span is dropped)."""
+
+    name: ClassVar[str]
+    question_aware: ClassVar[bool] = False
+    uses_ratio: ClassVar[bool] = True
+
+    def __init__(self, **options: Any):
+        self.options = options
+
+    def compress(self, work: SpanWork, ratio: float) -> Segment | None:
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.options)
+
+
+@dataclass
+class MethodSpec:
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)

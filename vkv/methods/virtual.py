@@ -1,0 +1,37 @@
+from ..cache import Segment
+from ..compress import CompressConfig, virtual_segment
+from ..model import KVPrefix
+from .base import Method, SpanWork
+
+
+class VirtualTokens(Method):
+    """vkv: virtual tokens optimised so their per-layer V match surprisal-pooled targets."""
+
+    name = "vkv"
+
+    def settings(self, ratio: float) -> CompressConfig:
+        config = self.options.get("compress") or CompressConfig()
+        return CompressConfig.from_dict({**config.to_dict(), "ratio": ratio})
+
+    @property
+    def question_aware(self) -> bool:  # type: ignore[override]
+        return (self.options.get("compress") or CompressConfig()).pooling == "attention"
+
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
+        prefix = KVPrefix([k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values])
+        return virtual_segment(work.lm, work.ids, work.acts, prefix, self.settings(ratio), work.message_starts,
+                               work.attention, on_step)
+
+    def config(self) -> dict:
+        return self.settings(1.0).to_dict() | {"ratio": None}
+
+
+class MeanPool(VirtualTokens):
+    """The virtual tokens' pooled initial embeddings, not optimised: what optimisation adds over pooling."""
+
+    name = "meanpool"
+
+    def settings(self, ratio: float) -> CompressConfig:
+        config = super().settings(ratio)
+        config.optim.steps = 0
+        return config
