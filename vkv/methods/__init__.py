@@ -20,7 +20,8 @@ METHODS: dict[str, type[Method]] = {
 def get_method(name: str, **options) -> Method:
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
-    return METHODS[name](**options)
+    cls = METHODS[name]
+    return cls(**{k: v for k, v in options.items() if k in cls.options_taken})
 
 
 __all__ = ["METHODS", "Method", "SpanWork", "get_method"]

@@ -53,6 +53,7 @@ class Method:
     name: ClassVar[str]
     question_aware: ClassVar[bool] = False
     uses_ratio: ClassVar[bool] = True
+    options_taken: ClassVar[tuple[str, ...]] = ()  # e.g. ("window", "kernel"); others are dropped by get_method
 
     def __init__(self, **options: Any):
         self.options = options

@@ -11,6 +11,7 @@ class SnapKV(Method):
     by all layers and heads, so every kept entry has one position."""
 
     name = "snapkv"
+    options_taken = ("window", "kernel")
 
     def compress(self, work: SpanWork, ratio: float) -> Segment:
         k = work.budget(ratio)

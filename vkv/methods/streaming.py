@@ -8,6 +8,7 @@ class Streaming(Method):
     """StreamingLLM: a few attention-sink tokens at the start of the span plus the most recent window."""
 
     name = "streaming"
+    options_taken = ("sinks",)
 
     def compress(self, work: SpanWork, ratio: float) -> Segment:
         k = work.budget(ratio)

@@ -8,6 +8,7 @@ class VirtualTokens(Method):
     """vkv: virtual tokens optimised so their per-layer V match surprisal-pooled targets."""
 
     name = "vkv"
+    options_taken = ("compress",)
 
     def settings(self, ratio: float) -> CompressConfig:
         config = self.options.get("compress") or CompressConfig()

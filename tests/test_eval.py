@@ -1,0 +1,141 @@
+"""Every method through the same harness (tiny model), ratio accounting, and question-agnosticism."""
+
+import json
+
+import pytest
+import torch
+
+from vkv.cli import main
+from vkv.compress import CompressConfig
+from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.evals.validate import check_static
+from vkv.evals.windows import select_windows, turn_windows, window_transcript
+from vkv.methods import METHODS, Method, get_method
+from vkv.optimize import OptimConfig
+from vkv.transcript import load_transcript, parse_transcript, render
+
+from .conftest import bundled_transcripts
+
+FAST = CompressConfig(optim=OptimConfig(steps=2))
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_llama, mini_transcript_path_module):
+    return TranscriptEval(tiny_llama, load_transcript(mini_transcript_path_module), settings=EvalSettings(max_new_tokens=3))
+
+
+@pytest.fixture(scope="module")
+def mini_transcript_path_module():
+    from .conftest import FIXTURES
+
+    return FIXTURES / "mini-agent.json"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("ratio", [2.0, 3.2])
+def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio):
+    result = evaluation.evaluate(get_method(name, compress=FAST), ratio)
+    span = evaluation.end - evaluation.start
+    assert result["span_tokens"] == span
+    expected = {"full": span, "none": 0}.get(name, round(span / ratio))
+    assert result["compressed_entries"] == expected
+    if expected:
+        assert result["ratio_achieved"] == pytest.approx(span / expected, abs=1e-3)
+    assert len(result["questions"]) == 2
+    for q in result["questions"]:
+        assert set(q) >= {"id", "answer", "keyword_correct", "choice_correct", "answer_logprob", "retention"}
+
+
+def test_references_score_one_and_zero(evaluation):
+    full = evaluation.evaluate(get_method("full"), None)
+    none = evaluation.evaluate(get_method("none"), None)
+    for q in full["questions"]:
+        assert q["fidelity_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert q["retention"] is None or q["retention"] == pytest.approx(1.0)
+    for q in none["questions"]:
+        assert q["retention"] is None or q["retention"] == pytest.approx(0.0)
+
+
+def test_evicted_entries_sit_at_original_positions(evaluation):
+    for name in ("truncate", "streaming", "snapkv", "knorm"):
+        segment = get_method(name).compress(evaluation.work, 4.0)
+        positions = segment.positions.long()
+        assert positions.unique().numel() == positions.numel()
+        assert evaluation.start <= positions.min() and positions.max() < evaluation.end
+        k_full = evaluation.work.kv.keys[2][0, :, positions]
+        torch.testing.assert_close(segment.keys[2], k_full.float())
+
+
+def test_compression_never_receives_the_questions(evaluation, monkeypatch):
+    seen = []
+    for cls in METHODS.values():
+        monkeypatch.setattr(cls, "compress", _recording(cls.compress, seen))
+    for name in ("truncate", "snapkv", "vkv"):
+        evaluation.evaluate(get_method(name, compress=FAST), 3.0)
+    assert len(seen) == 3
+    for work in seen:
+        text = evaluation.lm.tokenizer.decode(work.ids)
+        assert work.attention is None
+        assert len(work.ids) == len(evaluation.rendered.ids)  # the conversation only, nothing appended
+        for q in evaluation.transcript.questions:
+            assert q.question not in text
+
+
+def _recording(fn, seen):
+    def wrapper(self, work, ratio, **kw):
+        seen.append(work)
+        return fn(self, work, ratio, **kw)
+
+    return wrapper
+
+
+def test_windows_partition_questions(smol_tokenizer):
+    for path in bundled_transcripts():
+        transcript = load_transcript(path)
+        rendered = render(transcript, smol_tokenizer)
+        windows = turn_windows(transcript, rendered, 1024)
+        assert windows[0][0] == 1 and windows[-1][1] == len(transcript.messages)
+        assert all(a[1] == b[0] for a, b in zip(windows, windows[1:]))
+        asked = [q.id for a, b in windows for q in window_transcript(transcript, a, b).questions]
+        assert sorted(asked) == sorted(q.id for q in transcript.questions if q.source_turns)
+        for sub in select_windows(transcript, rendered, 1024, 2):
+            assert sub.messages[0].role == "system" and sub.questions
+            assert all(0 < t < len(sub.messages) for q in sub.questions for t in q.source_turns)
+
+
+def test_static_validation_finds_leaks():
+    data = {"id": "t", "messages": [
+        {"role": "system", "content": "Use bcryptjs."}, {"role": "user", "content": "hash with bcryptjs"}],
+        "questions": [{"id": "q", "question": "Which?", "accept": ["bcryptjs"], "choices": ["bcrypt", "bcryptjs"],
+                       "source_turns": [1]}]}
+    found = check_static(parse_transcript(data))
+    assert any("leaks into messages[0]" in p for p in found.problems)
+    assert any("choices[0] 'bcrypt' is not an accepted answer" in p for p in found.problems)
+
+
+def test_bundled_transcripts_validate(capsys):
+    paths = [str(p) for p in bundled_transcripts()]
+    assert len(paths) >= 4
+    assert main(["validate", *paths]) == 0
+    for path in bundled_transcripts():
+        t = load_transcript(path)
+        assert len(t.questions) >= 8 and 20 <= len(t.messages) <= 60
+
+
+def test_eval_cli_writes_design_json(tmp_path, test_model_dir, mini_transcript_path):
+    out = tmp_path / "eval.json"
+    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "full,none,truncate,knorm",
+                 "--ratio", "2,4", "--max-new-tokens", "2", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert [(r["method"], r["ratio_requested"]) for r in results] == [
+        ("full", None), ("none", None), ("truncate", 2.0), ("truncate", 4.0), ("knorm", 2.0), ("knorm", 4.0)]
+    for r in results:
+        assert {"transcript", "method", "model", "quant", "ratio_requested", "ratio_achieved", "span_tokens",
+                "compressed_entries", "seconds", "config", "questions", "summary"} <= set(r)
+        assert set(r["summary"]) >= {"keyword_accuracy", "choice_accuracy", "mean_retention", "fidelity_kl"}
+
+
+def test_eval_cli_refuses_unknown_method(mini_transcript_path, capsys):
+    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "gzip"]) == 2
+    assert "unknown method 'gzip'" in capsys.readouterr().out

@@ -1,0 +1,36 @@
+"""Aggregate per-window results into one row per (transcript, method, ratio): pooled over questions."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+from .metrics import mean
+
+
+def base_transcript(result: dict[str, Any]) -> str:
+    return result["transcript"].split("@", 1)[0]
+
+
+def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> list[dict[str, Any]]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in results:
+        key = (base_transcript(r) if by_transcript else "*", r["method"], r.get("ratio_requested"))
+        groups[key].append(r)
+    rows = []
+    for (transcript, method, ratio), rs in groups.items():
+        questions = [q for r in rs for q in r["questions"]]
+        usable = [q for q in questions if not q["weak"]]
+        span = sum(r["span_tokens"] for r in rs)
+        entries = sum(r["compressed_entries"] for r in rs)
+        rows.append({
+            "transcript": transcript, "method": method, "ratio_requested": ratio,
+            "ratio_achieved": round(span / entries, 3) if entries else None,
+            "windows": len(rs), "questions": len(questions), "weak": len(questions) - len(usable),
+            "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
+            "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
+            "mean_retention": mean(q["retention"] for q in usable),
+            "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
+            "seconds": round(sum(r["seconds"] for r in rs), 2),
+        })
+    return rows
