@@ -132,14 +132,17 @@ def _tokenizer_for(name: str):
         raise VkvError(f"could not load the tokenizer of '{name}': {str(exc).splitlines()[0]}") from exc
 
 
-def add_compress_args(p: argparse.ArgumentParser) -> None:
+def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
     from .optimize import INITS, LOSSES, SCHEDULES, OptimConfig
     from .pooling import POOLING_RULES
     from .positions import POSITION_SCHEMES
     from .targets import TARGET_KINDS
 
     d = OptimConfig()
-    p.add_argument("--ratio", type=float, default=3.2, help="span tokens per virtual token (≥ 1)")
+    if several_ratios:
+        p.add_argument("--ratio", default="3.2", help="comma-separated compression ratios (span tokens per entry)")
+    else:
+        p.add_argument("--ratio", type=float, default=3.2, help="span tokens per virtual token (≥ 1)")
     p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
     p.add_argument("--pooling", default="surprisal", choices=sorted(POOLING_RULES))
     p.add_argument("--positions", default="interpolate", choices=sorted(POSITION_SCHEMES))
@@ -160,7 +163,8 @@ def compress_config_from_args(args: argparse.Namespace):
 
     optim = OptimConfig(steps=args.steps, lr=args.lr, init=args.init, loss=args.loss, schedule=args.schedule,
                         patience=args.patience, seed=args.seed).validate()
-    return CompressConfig(ratio=args.ratio, pooling=args.pooling, positions=args.positions, target=args.target,
+    ratio = args.ratio if isinstance(args.ratio, float) else 3.2  # eval sets the ratio per run
+    return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
                           boundaries=args.boundaries, optim=optim)
 
 
@@ -246,6 +250,149 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _eval_units(lm, paths: list[str], span: str | None, window: int | None, max_windows: int | None):
+    """(label, transcript, turns) for each evaluation unit: whole transcripts, a span, or windows."""
+    from .evals.windows import select_windows
+    from .transcript import load_transcript, parse_turn_span, render
+
+    for path in paths:
+        transcript = load_transcript(path)
+        if window:
+            rendered = render(transcript, lm.tokenizer)
+            for sub in select_windows(transcript, rendered, window, max_windows):
+                yield sub, None
+        else:
+            yield transcript, parse_turn_span(span, transcript)
+
+
+def _parse_list(text: str, cast, what: str) -> list:
+    try:
+        return [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise VkvError(f"--{what} {text!r}: expected a comma-separated list") from None
+
+
+@command("eval")
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .cache import load_cache
+    from .evals.runner import EvalSettings, TranscriptEval
+    from .evals.summary import aggregate
+    from .methods import METHODS, get_method
+    from .progress import step_bar
+
+    methods = _parse_list(args.method, str, "method")
+    for name in methods:
+        if name not in METHODS:
+            raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
+    ratios = _parse_list(args.ratio, float, "ratio")
+    compress_config = compress_config_from_args(args)
+    settings = EvalSettings(min_gap=args.min_gap, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    lm = load_from_args(args)
+    results = []
+    for transcript, turns in _eval_units(lm, args.transcripts, args.span, args.window, args.max_windows):
+        with console.status(f"{transcript.id}: full and none references"):
+            evaluation = TranscriptEval(lm, transcript, turns, settings)
+        if args.cache:
+            results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
+        for name in methods:
+            method = get_method(name, compress=compress_config)
+            for ratio in (ratios if method.uses_ratio else [None]):
+                label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
+                if name in ("vkv",):
+                    with step_bar(label, compress_config.optim.steps, console) as on_step:
+                        results.append(evaluation.evaluate(method, ratio, on_step))
+                else:
+                    with console.status(label):
+                        results.append(evaluation.evaluate(method, ratio))
+        write_json(args.json, results) if args.json else None
+    _print_eval(results, aggregate(results))
+    return 0
+
+
+def _print_eval(results: list[dict], rows: list[dict]) -> None:
+    table = Table(title="factual-recall evaluation (pooled over windows and questions)")
+    for col in ("transcript", "method", "ratio", "achieved", "questions", "keyword acc", "choice acc",
+                "retention", "fidelity KL", "seconds"):
+        table.add_column(col, justify="left" if col in ("transcript", "method") else "right")
+    fmt = lambda v, p=3: "—" if v is None else f"{v:.{p}f}"  # noqa: E731
+    for r in rows:
+        table.add_row(r["transcript"], r["method"], fmt(r["ratio_requested"], 1), fmt(r["ratio_achieved"], 2),
+                      f"{r['questions']} ({r['weak']} weak)", fmt(r["keyword_accuracy"], 2),
+                      fmt(r["choice_accuracy"], 2), fmt(r["mean_retention"]), fmt(r["fidelity_kl"]),
+                      fmt(r["seconds"], 1))
+    console.print(table)
+    per_q = Table(title="retention per question (weak questions in brackets)")
+    per_q.add_column("window / question")
+    columns = [(r["method"], r["ratio_requested"]) for r in results if r["transcript"] == results[0]["transcript"]]
+    for method, ratio in columns:
+        per_q.add_column(f"{method}" + (f" {ratio}×" if ratio else ""), justify="right")
+    by_unit: dict[str, dict] = {}
+    for r in results:
+        by_unit.setdefault(r["transcript"], {})[(r["method"], r["ratio_requested"])] = r
+    for unit, res in by_unit.items():
+        first = next(iter(res.values()))
+        for qi, q in enumerate(first["questions"]):
+            cells = []
+            for key in columns:
+                qq = res[key]["questions"][qi] if key in res else None
+                value = "—" if qq is None or qq["retention"] is None else f"{qq['retention']:.2f}"
+                cells.append(f"({value})" if qq and qq["weak"] else value)
+            per_q.add_row(f"{unit} / {q['id']}", *cells)
+    console.print(per_q)
+
+
+@command("validate")
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .evals.validate import check_static
+    from .transcript import load_transcript
+
+    problems, warnings, checked = [], [], []
+    for path in args.transcripts:
+        try:
+            transcript = load_transcript(path)
+        except VkvError as exc:
+            problems.append(str(exc))
+            continue
+        found = check_static(transcript)
+        problems += found.problems
+        warnings += found.warnings
+        checked.append(transcript)
+    if args.model and checked:
+        warnings += _validate_with_model(args, checked)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for p in problems:
+        console.print(f"[bold red]problem:[/] {p}", highlight=False)
+    console.print(f"{len(args.transcripts)} transcript(s): {len(problems)} problem(s), {len(warnings)} warning(s)")
+    return 1 if problems else 0
+
+
+def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
+    from .evals.runner import EvalSettings, TranscriptEval
+
+    lm = load_from_args(args)
+    warnings = []
+    table = Table(title="no-context default and context gap per question")
+    for col in ("window", "question", "no-context pick", "full-context pick", "gap (nats)"):
+        table.add_column(col)
+    for transcript in transcripts:
+        for unit, turns in _eval_units(lm, [transcript.path], None, args.window, None):
+            with console.status(f"{unit.id}: full and none references"):
+                ev = TranscriptEval(lm, unit, turns, EvalSettings(min_gap=args.min_gap))
+            for pq, full, none in zip(ev.questions, ev.full, ev.none):
+                q = pq.question
+                options = list(q.choices) or list(q.accept[:1])
+                pick = lambda m: options[max(range(len(options)), key=m.choice_logprobs.__getitem__)]  # noqa: E731
+                gap = full.choice_logprobs[0] - none.choice_logprobs[0]
+                table.add_row(unit.id, q.id, pick(none), pick(full), f"{gap:.2f}")
+                if len(options) > 1 and pick(none) == options[0]:
+                    warnings.append(f"{unit.id}: {q.id}: the model already picks the right answer with no context")
+                if gap < args.min_gap:
+                    warnings.append(f"{unit.id}: {q.id}: full-vs-none gap {gap:.2f} nats is below {args.min_gap}")
+    console.print(table)
+    return warnings
+
+
 # ---- parser -------------------------------------------------------------------------------------
 
 
@@ -290,6 +437,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--json")
 
+    p = sub.add_parser("eval", help="score methods on transcripts with the factual-recall questions")
+    p.add_argument("transcripts", nargs="+")
+    add_model_args(p)
+    p.add_argument("--method", default="full,none,truncate,vkv", help="comma-separated methods")
+    add_compress_args(p, several_ratios=True)
+    p.add_argument("--window", type=int, help="cut transcripts into turn windows of at most this many tokens")
+    p.add_argument("--max-windows", type=int, help="evaluate only the windows with the most questions")
+    p.add_argument("--cache", help="also evaluate this compressed cache file")
+    p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
+    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--json", help="write the eval JSON (a list of results) here")
+
+    p = sub.add_parser("validate", help="check transcripts: schema, leakage, and with a model the context gap")
+    p.add_argument("transcripts", nargs="+")
+    add_model_args(p)
+    p.set_defaults(model=None)
+    p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
+    p.add_argument("--min-gap", type=float, default=1.0)
+
     for extension in _EXTENSIONS:
         extension(sub)
     return parser
@@ -301,7 +467,7 @@ _EXTENSIONS: list[Callable] = []
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "model", "unset") is None and args.command != "ask":
+    if getattr(args, "model", "unset") is None and args.command not in ("ask", "validate"):
         from .model import DEFAULT_MODEL
 
         args.model = DEFAULT_MODEL
