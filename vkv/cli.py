@@ -393,6 +393,24 @@ def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
     return warnings
 
 
+@command("prune")
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.backend == "longcodezip":
+        from .backends.longcodezip.cli import run_prune
+    else:
+        from .backends.lamr.cli import run_prune
+    if (args.ratio is None) == (args.budget is None):
+        raise VkvError("give exactly one of --ratio or --budget")
+    with console.status(f"pruning {args.file} with {args.backend}"):
+        payload = run_prune(args)
+    console.print(payload["text"], markup=False, highlight=False)
+    console.print(
+        f"[dim]{payload['original_tokens']} → {payload['compressed_tokens']} tokens "
+        f"(ratio {payload['ratio_achieved']:.2f}), {len(payload['kept_lines'])} lines kept[/]"
+    )
+    return 0
+
+
 # ---- parser -------------------------------------------------------------------------------------
 
 
@@ -455,6 +473,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(model=None)
     p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
     p.add_argument("--min-gap", type=float, default=1.0)
+
+    p = sub.add_parser("prune", help="prune a source file for a query with a text-level backend")
+    p.add_argument("file")
+    p.add_argument("--backend", required=True, choices=("longcodezip", "lamr"))
+    p.add_argument("--query", required=True, help="the request the pruned file must serve")
+    p.add_argument("--ratio", type=float, help="original tokens per kept token (≥ 1)")
+    p.add_argument("--budget", type=int, help="hard cap on the pruned text's tokens")
+    p.add_argument("--language", help="override the language detected from the extension")
+    p.add_argument("--rank-only", action="store_true", help="longcodezip: coarse chunk ranking only")
+    p.add_argument("--checkpoint", help="lamr: checkpoint directory")
+    p.add_argument("--threshold", type=float, default=0.4, help="lamr: keep lines scoring at least this")
+    add_model_args(p)
+    p.add_argument("--json", help="also write the pruned text and report here")
 
     for extension in _EXTENSIONS:
         extension(sub)

@@ -19,7 +19,10 @@ from ..capture import capture_span
 from ..compress import reencode
 from ..decode import Context
 from ..errors import VkvError
+from dataclasses import replace
+
 from ..methods import Method, SpanWork
+from ..methods.base import TextMethod, TextWork
 from ..model import FrozenLM, KVPrefix
 from ..transcript import Question, Transcript, continuation_ids, followup, render
 from .metrics import keyword_correct, kl_full_to_method, mean, retention
@@ -63,35 +66,36 @@ class TranscriptEval:
         self.start, self.end = self.rendered.token_span(*self.turns)
         if not transcript.questions:
             raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")
-        self.questions = [self._prepare(q) for q in transcript.questions]
+        self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
         acts, cache = capture_span(lm, self.rendered.ids, self.start, self.end, keep_cache=True)
         self.work = SpanWork(lm, list(self.rendered.ids), self.start, self.end, KVPrefix.from_cache(cache), acts,
                              [s.start for s in self.rendered.spans], seed=self.settings.seed)
         self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none = self.measure(self.splice(None))
 
-    def _prepare(self, q: Question) -> PreparedQuestion:
-        prompt, text = followup(self.lm.tokenizer, self.rendered, self.transcript, q.question, q.answer_prefix)
+    def _prepare(self, q: Question, rendered, transcript: Transcript) -> PreparedQuestion:
+        prompt, text = followup(self.lm.tokenizer, rendered, transcript, q.question, q.answer_prefix)
         options = list(q.choices) or list(q.accept[:1])
         sep = " " if q.answer_prefix and not q.answer_prefix.endswith((" ", "\n")) else ""
         return PreparedQuestion(q, prompt, [continuation_ids(self.lm.tokenizer, text, sep + c) for c in options])
 
     # ---- building and measuring contexts ------------------------------------------------------
-    def splice(self, segment: Segment | None) -> SplicedCache:
+    def splice(self, segment: Segment | list[Segment] | None) -> SplicedCache:
+        """System prefix verbatim, the method's segment (or segments, in span order), the rest re-encoded."""
         spliced = SplicedCache()
         if self.start > 0:
             spliced.append(verbatim_segment(self.work.kv, 0, self.start))
-        if segment is not None:
-            spliced.append(segment)
+        for part in segment if isinstance(segment, list) else [] if segment is None else [segment]:
+            spliced.append(part)
         spliced.next_position = self.end
         if self.end < len(self.rendered.ids):
             spliced.append(reencode(self.lm, spliced, self.rendered.ids[self.end:]))
         return spliced
 
-    def measure(self, spliced: SplicedCache) -> list[Measurement]:
+    def measure(self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None) -> list[Measurement]:
         context = Context(self.lm, spliced)
         results = []
-        for pq in self.questions:
+        for pq in questions or self.questions:
             lps = context.continuation_logprobs(pq.prompt, pq.choices)
             answer_ids = context.greedy(pq.prompt, self.settings.max_new_tokens)
             results.append(Measurement(
@@ -105,6 +109,8 @@ class TranscriptEval:
     # ---- scoring ---------------------------------------------------------------------------------
     def evaluate(self, method: Method, ratio: float | None, on_step: Callable | None = None) -> dict[str, Any]:
         torch.manual_seed(self.settings.seed)
+        if isinstance(method, TextMethod):
+            return self._evaluate_text(method, ratio or 1.0)
         started = time.perf_counter()
         if method.name == "full":
             segment, measured = self.work.keep(list(range(self.end - self.start))), self.full
@@ -118,18 +124,43 @@ class TranscriptEval:
         spliced = self.splice(segment)
         if measured is None:
             measured = self.measure(spliced)
-        return self.result(method.name, method.config(), method.question_aware, ratio, spliced, measured, seconds,
+        return self.result(method.name, method.config(), method.question_aware, ratio,
+                           spliced.span_entries(self.start, self.end), measured, seconds,
                            segment.stats if segment is not None else {})
+
+    def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
+        """Prune the span's messages as text, re-render the shorter conversation and prefill it verbatim."""
+        first, last = self.turns
+        messages = list(self.transcript.messages)
+        started = time.perf_counter()
+        contents = method.prune(TextWork(self.lm, messages[first:last], self.latest_request()), ratio)
+        seconds = time.perf_counter() - started
+        pruned = [replace(m, content=c if c.strip() else "…") for m, c in zip(messages[first:last], contents)]
+        shorter = replace(self.transcript, messages=tuple(messages[:first] + pruned + messages[last:]))
+        rendered = render(shorter, self.lm.tokenizer)
+        start, end = rendered.token_span(first, last)
+        _, cache = capture_span(self.lm, rendered.ids, 0, len(rendered.ids), keep_cache=True)
+        spliced = SplicedCache()
+        spliced.append(verbatim_segment(cache, 0, len(rendered.ids)))
+        questions = [self._prepare(pq.question, rendered, shorter) for pq in self.questions]
+        measured = self.measure(spliced, questions)
+        return self.result(method.name, method.config(), method.question_aware, ratio, end - start, measured,
+                           seconds, {})
+
+    def latest_request(self) -> str:
+        """The most recent user message up to the span's end: the question-agnostic query for text pruners."""
+        users = [m.content for m in self.transcript.messages[: self.turns[1]] if m.role == "user"]
+        return users[-1] if users else self.transcript.messages[0].content
 
     def evaluate_cache(self, spliced: SplicedCache, label: str = "cache") -> dict[str, Any]:
         if spliced.next_position != len(self.rendered.ids):
             raise VkvError(f"cache stands for {spliced.next_position} tokens but the transcript renders to "
                            f"{len(self.rendered.ids)}; was it built from this transcript with the default span?")
-        return self.result(label, spliced.meta.get("config", {}), False, None, spliced, self.measure(spliced), 0.0, {})
+        return self.result(label, spliced.meta.get("config", {}), False, None,
+                           spliced.span_entries(self.start, self.end), self.measure(spliced), 0.0, {})
 
-    def result(self, name, config, question_aware, ratio, spliced, measured, seconds, stats) -> dict[str, Any]:
+    def result(self, name, config, question_aware, ratio, entries, measured, seconds, stats) -> dict[str, Any]:
         span_tokens = self.end - self.start
-        entries = spliced.span_entries(self.start, self.end)
         questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
         usable = [q for q in questions if not q["weak"]]
         return {

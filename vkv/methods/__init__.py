@@ -5,16 +5,22 @@ from __future__ import annotations
 from ..errors import VkvError
 from .base import Method, SpanWork
 from .full import Full
+from .hybrid import Hybrid
 from .knorm import KeyNorm
+from .longcodezip import LongCodeZipMethod
 from .none import NoContext
+from .sequential import Sequential
 from .snapkv import SnapKV
 from .streaming import Streaming
 from .truncate import Truncate
 from .virtual import MeanPool, VirtualTokens
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (Full, NoContext, Truncate, MeanPool, VirtualTokens, Streaming, SnapKV, KeyNorm)
+    cls.name: cls for cls in (
+        Full, NoContext, Truncate, MeanPool, VirtualTokens, Streaming, SnapKV, KeyNorm, LongCodeZipMethod,
+    )
 }
+METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)
 
 
 def get_method(name: str, **options) -> Method:

@@ -66,6 +66,17 @@ class Method:
 
 
 @dataclass
-class MethodSpec:
-    name: str
-    options: dict[str, Any] = field(default_factory=dict)
+class TextWork:
+    """What a text-level method may use: the span's messages and a question-agnostic query."""
+
+    lm: FrozenLM
+    messages: list  # the span's Message objects, in order
+    query: str  # the conversation's most recent user request, never an evaluation question
+
+
+class TextMethod(Method):
+    """A text-level method: returns each span message's pruned content; the harness re-renders and prefills
+    the shorter conversation and measures the achieved ratio with the generator's tokenizer."""
+
+    def prune(self, work: TextWork, ratio: float) -> list[str]:
+        raise NotImplementedError

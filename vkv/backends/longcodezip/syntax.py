@@ -68,7 +68,9 @@ class _Walker:
         return out
 
     def header_and_closer(self, node, items) -> tuple[list, list]:
-        opener = next((i for t in _OPENERS for i, item in enumerate(items) if item.type == t and not item.is_named), None)
+        opener = next(
+            (i for token in _OPENERS for i, item in enumerate(items) if item.type == token and not item.is_named), None
+        )
         if opener is not None:
             header = items[: opener + 1]
         elif items and not items[0].is_named:  # `#ifdef X`, `case 1` …: the first line is the header
@@ -137,7 +139,8 @@ class _Walker:
         if definition is None:
             return "code", self.first_text(first)
         kind = "class" if definition.type in self.spec.classes else "function"
-        return kind, self.definition_name(definition) or self.first_text(first)
+        name = self.definition_name(definition) or self.name_near(main) or self.first_text(first)
+        return kind, name
 
     def definition_in(self, node, depth: int = 0):
         """The function or class `node` is (through export/decorator wrappers), or mostly consists of."""
@@ -166,6 +169,18 @@ class _Walker:
             node = declarator
         if node.type.endswith("identifier"):
             return node.text.decode("utf-8", "replace")
+        return None
+
+    def name_near(self, node, depth: int = 0) -> str | None:
+        """The first `name` field below `node` (`const f = …` names its arrow function `f`)."""
+        name = node.child_by_field_name("name")
+        if name is not None:
+            return name.text.decode("utf-8", "replace")
+        if depth < 2:
+            for child in node.named_children:
+                found = self.name_near(child, depth + 1)
+                if found:
+                    return found
         return None
 
     def first_text(self, line: int) -> str:

@@ -1,0 +1,18 @@
+"""LongCodeZip (arXiv 2510.00446) as a vkv text backend, rebuilt from the paper with the public
+implementation's faults fixed: tree-sitter chunks, AMI in bits from batched passes, one forward pass
+per chunk for line scores, an exact knapsack, and a budget that caps the rendered output.
+
+Files, in pipeline order: languages.py (extensions, comment syntax, node roles) · document.py,
+syntax.py, prose.py (the unit tree: what can be removed without breaking syntax) · chunking.py
+(coarse chunks) · tokens.py, scoring.py (the model: AMI and line NLLs) · budget.py (greedy chunk
+selection, adaptive ratios) · blocks.py (perplexity spikes) · knapsack.py · fine.py (the fine stage
+per chunk) · closure.py, render.py (syntax repair, placeholders) · pruner.py (`LongCodeZip`, the
+TextPruner) · settings.py · source.py (reading a file) · cli.py (what `vkv prune` calls).
+"""
+
+from .languages import LANGUAGES, detect_language, lookup_language
+from .pruner import LongCodeZip
+from .settings import LongCodeZipSettings
+from .source import read_source
+
+__all__ = ["LANGUAGES", "LongCodeZip", "LongCodeZipSettings", "detect_language", "lookup_language", "read_source"]

@@ -1,0 +1,28 @@
+from ..cache import Segment
+from ..compress import CompressConfig
+from ..hybrid import HybridConfig, hybrid_segment
+from ..model import KVPrefix
+from .base import Method, SpanWork
+
+
+class Hybrid(Method):
+    """A share of the span's tokens (default 15%, by V-uniqueness) kept verbatim at their original positions,
+    the rest compressed into virtual tokens; both together meet the ratio's entry budget."""
+
+    name = "hybrid"
+    options_taken = ("compress", "verbatim")
+
+    def settings(self) -> tuple[CompressConfig, HybridConfig]:
+        return self.options.get("compress") or CompressConfig(), (self.options.get("verbatim") or HybridConfig()).validate()
+
+    def compress(self, work: SpanWork, ratio: float) -> Segment:
+        compress, verbatim = self.settings()
+        prefix = KVPrefix([k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values])
+        span_kv = KVPrefix([k[:, :, work.start : work.end] for k in work.kv.keys],
+                           [v[:, :, work.start : work.end] for v in work.kv.values])
+        return hybrid_segment(work.lm, work.ids, work.acts, span_kv, prefix, work.budget(ratio), compress, verbatim,
+                              work.message_starts)
+
+    def config(self) -> dict:
+        compress, verbatim = self.settings()
+        return compress.to_dict() | {"ratio": None, "verbatim": verbatim.to_dict()}

@@ -1,0 +1,38 @@
+from ..cache import SplicedCache, verbatim_segment
+from ..compress import CompressConfig
+from ..compression_report import cache_rows
+from ..segment_group import SegmentGroup
+from ..sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
+from .base import Method, SpanWork
+
+
+class Sequential(Method):
+    """Each message of the span compressed on its own, in order, on top of the running compressed cache
+    (the seed's sequential multi-turn experiment); targets `oracle` (full history) or `online`."""
+
+    name = "sequential"
+    options_taken = ("compress", "targets", "hybrid", "auto_ratio")
+
+    def settings(self, ratio: float) -> MultiTurnConfig:
+        compress = self.options.get("compress") or CompressConfig()
+        return MultiTurnConfig(
+            compress=CompressConfig.from_dict({**compress.to_dict(), "ratio": ratio}),
+            targets=self.options.get("targets") or "oracle",
+            hybrid=self.options.get("hybrid"),
+            auto_ratio=self.options.get("auto_ratio"),
+        ).validate()
+
+    def compress(self, work: SpanWork, ratio: float) -> SegmentGroup:
+        config = self.settings(ratio)
+        cache = SplicedCache()
+        if work.start > 0:
+            cache.append(verbatim_segment(work.kv, 0, work.start))
+        turns = message_turns(work.message_starts, None, work.start, work.end)
+        segments = compress_turns(work.lm, work.ids, turns, cache, config, FullHistory(work.acts, work.kv),
+                                  work.message_starts)
+        rows = cache_rows(SplicedCache(segments))
+        return SegmentGroup(segments, {"targets": config.targets, "turns": rows,
+                                       "seconds": round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)})
+
+    def config(self) -> dict:
+        return self.settings(1.0).to_dict() | {"ratio": None}
