@@ -178,14 +178,18 @@ def cmd_compress(args: argparse.Namespace) -> int:
     from .transcript import load_transcript, parse_turn_span
 
     transcript = load_transcript(args.transcript)
-    turns = parse_turn_span(args.span, transcript)
     config = compress_config_from_args(args)
     if config.pooling == "attention":
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
     lm = load_from_args(args)
-    with step_bar(f"compressing turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console) as on_step:
-        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step)
+    window = None
+    if args.window:
+        transcript, window = _pick_window(lm, transcript, args.window, args.window_index)
+    turns = parse_turn_span(args.span, transcript)
+    with step_bar(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps,
+                  console) as on_step:
+        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step, window=window)
     save_cache(spliced, args.out)
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     summary = {
@@ -199,6 +203,19 @@ def cmd_compress(args: argparse.Namespace) -> int:
     write_json(args.json, {**summary, "config": config.to_dict(), "segments": spliced.table(),
                            "per_layer_loss": virtual.stats["per_layer_loss"]})
     return 0
+
+
+def _pick_window(lm, transcript, max_tokens: int, index: int):
+    """The index-th window (most questions first) of a transcript, and its original turn range."""
+    from .evals.windows import select_windows
+    from .transcript import render
+
+    windows = select_windows(transcript, render(transcript, lm.tokenizer), max_tokens)
+    if not 0 <= index < len(windows):
+        raise VkvError(f"--window-index {index}: {transcript.path} has {len(windows)} windows with questions")
+    chosen = windows[index]
+    first, last = (int(x) for x in chosen.id.rsplit("@turns", 1)[1].split("-"))
+    return chosen, (first, last + 1)
 
 
 @command("inspect")
@@ -239,8 +256,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
     if not transcript_path:
         raise VkvError(f"{args.cache}: no transcript path recorded; pass --transcript")
     transcript = load_transcript(transcript_path)
-    if header.get("transcript", {}).get("sha256") not in (None, transcript.sha256):
+    recorded = header.get("transcript", {})
+    if recorded.get("sha256") not in (None, transcript.sha256):
         raise VkvError(f"{transcript_path}: field sha256: this transcript is not the one the cache was built from")
+    if recorded.get("window"):
+        from .evals.windows import window_transcript
+
+        transcript = window_transcript(transcript, *recorded["window"])
     rendered = render(transcript, lm.tokenizer)
     prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
     answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)
@@ -438,6 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("transcript")
     add_model_args(p)
     add_compress_args(p)
+    p.add_argument("--window", type=int, help="compress one turn window of at most this many tokens")
+    p.add_argument("--window-index", type=int, default=0, help="which window (0 = the one with most questions)")
     p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
     p.add_argument("--json", help="also write the summary, config and per-layer loss here")
 

@@ -134,18 +134,25 @@ def compress_transcript(
     turns: tuple[int, int],
     config: CompressConfig,
     on_step: Callable[[int, float], None] | None = None,
+    window: tuple[int, int] | None = None,
 ) -> SplicedCache:
-    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later."""
+    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later
+    (`window`: the original turns a windowed transcript was cut from, so `ask` can rebuild it)."""
     from .cache import cache_metadata
     from .transcript import render
 
     rendered = render(transcript, lm.tokenizer)
+    limit = getattr(lm.config, "max_position_embeddings", None)
+    if limit and len(rendered.ids) > limit:
+        raise VkvError(f"{transcript.path or transcript.id}: renders to {len(rendered.ids)} tokens, more than the "
+                       f"{limit} positions of {lm.name}; compress a window of it (--window)")
     start, end = rendered.token_span(*turns)
     spliced = compress(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
     spliced.meta = cache_metadata(
         lm,
         transcript={"id": transcript.id, "sha256": transcript.sha256, "path": transcript.path,
-                    "turns": list(turns), "tokens": len(rendered.ids)},
+                    "turns": list(turns), "tokens": len(rendered.ids),
+                    "window": list(window) if window else None},
         config=config.to_dict(),
     )
     return spliced
