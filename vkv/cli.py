@@ -172,6 +172,7 @@ def compress_config_from_args(args: argparse.Namespace):
 def cmd_compress(args: argparse.Namespace) -> int:
     import torch
 
+    from .multiturn import wants_multiturn
     from .cache import save_cache
     from .compress import compress_transcript
     from .progress import step_bar
@@ -187,6 +188,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if args.window:
         transcript, window = _pick_window(lm, transcript, args.window, args.window_index)
     turns = parse_turn_span(args.span, transcript)
+    if wants_multiturn(args):
+        return _compress_multiturn(args, lm, transcript, turns, config, window)
     with step_bar(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps,
                   console) as on_step:
         spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step, window=window)
@@ -202,6 +205,20 @@ def cmd_compress(args: argparse.Namespace) -> int:
     console.print(key_value_table("vkv compress", summary))
     write_json(args.json, {**summary, "config": config.to_dict(), "segments": spliced.table(),
                            "per_layer_loss": virtual.stats["per_layer_loss"]})
+    return 0
+
+
+def _compress_multiturn(args, lm, transcript, turns, config, window) -> int:
+    from .cache import read_header, save_cache
+    from .compression_report import report_rows, report_table
+    from .multiturn import compress_multiturn
+
+    with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
+        spliced = compress_multiturn(lm, transcript, turns, config, args, window=window)
+    save_cache(spliced, args.out)
+    rows = report_rows(read_header(args.out))
+    console.print(report_table(rows))
+    write_json(args.json, {"config": config.to_dict(), "segments": spliced.table(), "report": rows})
     return 0
 
 
@@ -236,6 +253,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         table.add_row(str(i), seg["kind"], f"{span[0]}–{span[1]}", str(span[1] - span[0]), str(seg["entries"]),
                       f"{seg['ratio']:.2f}", loss, str(st.get("steps", "—")))
     console.print(table)
+    if any(seg.get("stats", {}).get("turn") is not None for seg in header["segments"]) or args.report:
+        from .compression_report import report_rows, report_table
+
+        console.print(report_table(report_rows(header)))
     if args.json:
         write_json(args.json, header)
     return 0
@@ -300,6 +321,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from .evals.runner import EvalSettings, TranscriptEval
     from .evals.summary import aggregate
     from .methods import METHODS, get_method
+    from .multiturn import method_options
     from .progress import step_bar
 
     methods = _parse_list(args.method, str, "method")
@@ -317,7 +339,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.cache:
             results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
         for name in methods:
-            method = get_method(name, compress=compress_config)
+            method = get_method(name, compress=compress_config, **method_options(args))
             for ratio in (ratios if method.uses_ratio else [None]):
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
                 if name in ("vkv",):
@@ -437,6 +459,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .multiturn import add_multiturn_args
+
     parser = argparse.ArgumentParser(prog="vkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -465,8 +489,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
     p.add_argument("--json", help="also write the summary, config and per-layer loss here")
 
+    add_multiturn_args(p)
+
     p = sub.add_parser("inspect", help="print a cache file's metadata and segment table")
     p.add_argument("cache")
+    p.add_argument("--report", action="store_true", help="also print the per-turn compression report")
     p.add_argument("--json", help="also write the header here")
 
     p = sub.add_parser("ask", help="answer a question from a compressed cache")
@@ -486,6 +513,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_compress_args(p, several_ratios=True)
     p.add_argument("--window", type=int, help="cut transcripts into turn windows of at most this many tokens")
     p.add_argument("--max-windows", type=int, help="evaluate only the windows with the most questions")
+    add_multiturn_args(p)
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
     p.add_argument("--max-new-tokens", type=int, default=24)

@@ -1,7 +1,7 @@
 from ..cache import Segment
 from ..compress import CompressConfig
 from ..hybrid import HybridConfig, hybrid_segment
-from ..model import KVPrefix
+from ..sequential import kv_slice
 from .base import Method, SpanWork
 
 
@@ -13,13 +13,12 @@ class Hybrid(Method):
     options_taken = ("compress", "verbatim")
 
     def settings(self) -> tuple[CompressConfig, HybridConfig]:
-        return self.options.get("compress") or CompressConfig(), (self.options.get("verbatim") or HybridConfig()).validate()
+        verbatim = self.options.get("verbatim") or HybridConfig()
+        return self.options.get("compress") or CompressConfig(), verbatim.validate()
 
     def compress(self, work: SpanWork, ratio: float) -> Segment:
         compress, verbatim = self.settings()
-        prefix = KVPrefix([k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values])
-        span_kv = KVPrefix([k[:, :, work.start : work.end] for k in work.kv.keys],
-                           [v[:, :, work.start : work.end] for v in work.kv.values])
+        prefix, span_kv = kv_slice(work.kv, 0, work.start), kv_slice(work.kv, work.start, work.end)
         return hybrid_segment(work.lm, work.ids, work.acts, span_kv, prefix, work.budget(ratio), compress, verbatim,
                               work.message_starts)
 

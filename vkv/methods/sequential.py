@@ -1,6 +1,7 @@
 from ..cache import SplicedCache, verbatim_segment
 from ..compress import CompressConfig
 from ..compression_report import cache_rows
+from ..hybrid import HybridConfig
 from ..segment_group import SegmentGroup
 from ..sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
 from .base import Method, SpanWork
@@ -18,7 +19,7 @@ class Sequential(Method):
         return MultiTurnConfig(
             compress=CompressConfig.from_dict({**compress.to_dict(), "ratio": ratio}),
             targets=self.options.get("targets") or "oracle",
-            hybrid=self.options.get("hybrid"),
+            hybrid=_hybrid(self.options.get("hybrid")),
             auto_ratio=self.options.get("auto_ratio"),
         ).validate()
 
@@ -36,3 +37,8 @@ class Sequential(Method):
 
     def config(self) -> dict:
         return self.settings(1.0).to_dict() | {"ratio": None}
+
+
+def _hybrid(option) -> HybridConfig | None:
+    """The hybrid option as given: None, a HybridConfig, or just the verbatim fraction."""
+    return HybridConfig(fraction=float(option)) if isinstance(option, (int, float)) else option

@@ -1,0 +1,109 @@
+"""Hybrid compression: which tokens stay verbatim, where they sit, and the short-turn rule (tiny model)."""
+
+import warnings
+
+import pytest
+import torch
+
+from vkv.capture import Activations
+from vkv.compress import CompressConfig
+from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
+from vkv.methods import get_method
+from vkv.optimize import OptimConfig
+from vkv.sequential import MultiTurnConfig
+from vkv.session import Session
+from vkv.transcript import load_transcript
+
+FAST = CompressConfig(optim=OptimConfig(steps=2))
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_llama):
+    from .conftest import FIXTURES
+
+    return TranscriptEval(tiny_llama, load_transcript(FIXTURES / "mini-agent.json"),
+                          settings=EvalSettings(max_new_tokens=2))
+
+
+def verbatim_entries(segment):
+    return torch.tensor(segment.stats["verbatim_entries"], dtype=torch.long)
+
+
+@pytest.mark.parametrize("keep_by", ["v-uniqueness", "surprisal"])
+def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluation, keep_by):
+    work = evaluation.work
+    method = get_method("hybrid", compress=FAST, verbatim=HybridConfig(0.15, keep_by))
+    segment = method.compress(work, 3.2)
+    assert segment.entries == work.budget(3.2)  # verbatim and virtual entries together meet the ratio
+    kept = verbatim_entries(segment)
+    assert len(kept) == round(0.15 * work.span_length) == segment.stats["verbatim_kept"]
+    positions = segment.positions[kept]
+    assert torch.equal(positions, torch.tensor(segment.stats["verbatim_positions"]).float())
+    assert torch.equal(positions, positions.round()) and work.start <= positions.min() and positions.max() < work.end
+    original = positions.long()
+    for layer in range(work.lm.spec.num_layers):
+        assert torch.equal(segment.keys[layer][:, kept], work.kv.keys[layer][0][:, original].float())
+        assert torch.equal(segment.values[layer][:, kept], work.kv.values[layer][0][:, original].float())
+    assert torch.all(segment.positions[1:] >= segment.positions[:-1])  # entries in position order
+    text = [work.lm.tokenizer.decode([work.ids[p]]) for p in original.tolist()]
+    assert segment.stats["verbatim_text"] == text
+
+
+def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):
+    with pytest.warns(ShortTurnWarning):  # 15% of the span would take 73% of the 4.8× budget
+        result = evaluation.evaluate(get_method("hybrid", compress=FAST), 4.8)
+    span = evaluation.end - evaluation.start
+    assert result["compressed_entries"] == round(span / 4.8)
+    assert result["optimisation"]["verbatim_kept"] + result["optimisation"]["virtual_entries"] == round(span / 4.8)
+
+
+def test_sequential_hybrid_keeps_each_turns_own_kv(tiny_llama):
+    from .conftest import FIXTURES
+
+    transcript = load_transcript(FIXTURES / "mini-agent.json")
+    session = Session(tiny_llama, MultiTurnConfig(FAST, targets="online", hybrid=HybridConfig(0.15, max_share=0.9)))
+    session.extend(list(transcript.messages[:4]))
+    reference = [s for s in session.cache.segments]  # messages 0-3 verbatim: their real K/V on the same history
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ShortTurnWarning)
+        session.compress(turns=(1, 2), ratio=2.0)  # only the first turn: its history is the exact system prompt
+    segment = session.cache.segments[1]
+    kept = verbatim_entries(segment)
+    assert len(kept) > 0
+    original = segment.positions[kept].long() - segment.span[0]
+    torch.testing.assert_close(segment.values[:, :, kept], reference[1].values[:, :, original], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(segment.keys[:, :, kept], reference[1].keys[:, :, original], atol=1e-5, rtol=1e-5)
+
+
+def test_v_uniqueness_finds_the_token_unlike_its_neighbours():
+    torch.manual_seed(0)
+    values = torch.randn(3, 2, 1, 8).expand(3, 2, 20, 8).clone() + 0.01 * torch.randn(3, 2, 20, 8)
+    values[:, :, 13] += 5.0
+    scores = v_uniqueness(values, neighbours=2)
+    assert int(scores.argmax()) == 13
+    assert v_uniqueness(values[:, :, :1]).tolist() == [0.0]
+    acts = Activations(values, values, torch.tensor([float("nan")] + [1.0] * 18 + [9.0]), 0, 20)
+    assert int(keep_scores(acts, HybridConfig(keep_by="surprisal")).argmax()) == 19
+
+
+def test_short_turn_rule_caps_the_verbatim_share_and_warns(evaluation):
+    share = verbatim_share(240, 50, HybridConfig())  # the seed's case: a 240-token turn at 4.8×
+    assert (share.wanted, share.kept, share.virtual, share.capped) == (36, 25, 25, True)
+    assert verbatim_share(1000, 312, HybridConfig()).capped is False
+    assert verbatim_share(10, 1, HybridConfig(max_share=0.9)).kept == 0  # one entry is always virtual
+    with pytest.warns(ShortTurnWarning, match="keeping"):
+        segment = get_method("hybrid", compress=FAST).compress(evaluation.work, 6.0)
+    assert segment.stats["verbatim_capped"] is True
+    assert segment.stats["verbatim_kept"] == int(0.5 * evaluation.work.budget(6.0))
+
+
+def test_bad_hybrid_settings_are_clear_errors(evaluation):
+    with pytest.raises(VkvError, match="keep-by"):
+        HybridConfig(keep_by="attention").validate()
+    with pytest.raises(VkvError, match="fraction"):
+        HybridConfig(fraction=1.5).validate()
+    post_rope = CompressConfig(target="kv-post-rope", optim=OptimConfig(steps=1))
+    with pytest.raises(VkvError, match="kv-post-rope"):
+        get_method("hybrid", compress=post_rope).compress(evaluation.work, 3.2)

@@ -1,0 +1,155 @@
+"""Sequential multi-turn compression and the Session API (tiny random model, two optimiser steps)."""
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from vkv.cache import SplicedCache, cache_metadata, read_header, save_cache
+from vkv.compress import CompressConfig, reencode
+from vkv.decode import Context
+from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.methods import get_method
+from vkv.multiturn import add_multiturn_args, compress_multiturn, method_options
+from vkv.optimize import OptimConfig
+from vkv.compression_report import report_rows, report_totals
+from vkv.segment_group import SegmentGroup
+from vkv.sequential import MultiTurnConfig, allocate, message_turns
+from vkv.session import Session
+from vkv.transcript import load_transcript, render
+
+from .conftest import build_tiny
+
+FAST = CompressConfig(optim=OptimConfig(steps=2))
+QUESTION = "Which library hashes the passwords?"
+
+
+@pytest.fixture(scope="module")
+def transcript():
+    from .conftest import FIXTURES
+
+    return load_transcript(FIXTURES / "mini-agent.json")
+
+
+@pytest.fixture(scope="module")
+def session(tiny_llama, transcript):
+    """Messages 0-4 appended, 1-3 compressed online at 2×, then 5-7 appended one at a time."""
+    s = Session(tiny_llama, MultiTurnConfig(FAST, targets="online"))
+    s.extend(list(transcript.messages[:5]))
+    s.compress(turns=(1, 4), ratio=2.0)
+    for message in transcript.messages[5:]:
+        s.append(message)
+    return s
+
+
+def question_logits(lm, session: Session, spliced: SplicedCache) -> torch.Tensor:
+    prompt = session.lm.tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
+    return Context(lm, spliced).feed(prompt)
+
+
+def test_running_cache_equals_a_one_shot_splice_of_the_same_segments(tiny_llama, session):
+    lm, segments = tiny_llama, session.cache.segments
+    assert [s.kind for s in segments] == ["verbatim"] + ["virtual"] * 3 + ["verbatim"] * 4
+    assert [tuple(s.span) for s in segments] == [(t.start, t.end) for t in session.turns]
+    one_shot = SplicedCache(list(segments[:4]), segments[3].span[1])
+    one_shot.append(reencode(lm, one_shot, session.ids[segments[4].span[0]:]))  # messages 4-7 in one pass
+    assert one_shot.next_position == session.cache.next_position == len(session.ids)
+    torch.testing.assert_close(question_logits(lm, session, session.cache), question_logits(lm, session, one_shot),
+                               atol=1e-5, rtol=1e-5)
+    for i, segment in enumerate(segments[1:4], start=1):  # each virtual turn was computed on the turns before it
+        _, values = lm.forward_kv(segment.embeddings[None], segment.positions, SplicedCache(segments[:i]).kv())
+        torch.testing.assert_close(torch.cat(values), segment.values, atol=1e-5, rtol=1e-5)
+
+
+def test_session_save_load_round_trips_and_refuses_other_files(tiny_llama, smol_tokenizer, session, tmp_path):
+    path = tmp_path / "session.safetensors"
+    session.save(path)
+    restored = Session.load(path, tiny_llama)
+    assert restored.ids == session.ids and restored.messages == session.messages
+    assert json.dumps(restored.config.to_dict()) == json.dumps(session.config.to_dict())
+    assert torch.equal(question_logits(tiny_llama, session, session.cache),
+                       question_logits(tiny_llama, restored, restored.cache))
+    assert restored.ask(QUESTION, max_new_tokens=4) == session.ask(QUESTION, max_new_tokens=4)
+    assert restored.report() == session.report()
+    with pytest.raises(VkvError, match="fingerprint"):
+        Session.load(path, build_tiny("qwen2", smol_tokenizer))
+    plain = tmp_path / "plain.safetensors"
+    save_cache(SplicedCache(session.cache.segments, session.cache.next_position, cache_metadata(tiny_llama)), plain)
+    with pytest.raises(VkvError, match="not a saved session"):
+        Session.load(plain, tiny_llama)
+
+
+def test_compression_goes_forward_only_and_keeps_memory_compressed(tiny_llama, transcript, session):
+    with pytest.raises(VkvError, match="already compressed"):
+        session.compress(turns=(2, 5))
+    with pytest.raises(VkvError, match="outside"):
+        session.compress(turns=(3, 99))
+    assert session.entries == session.cache.physical_length < len(session.ids)
+    with pytest.raises(VkvError, match="role"):
+        Session(tiny_llama).append({"role": "robot", "content": "hi"})
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_llama, transcript):
+    return TranscriptEval(tiny_llama, transcript, turns=(1, 6), settings=EvalSettings(max_new_tokens=2))
+
+
+def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
+    work = evaluation.work
+    turns = message_turns(work.message_starts, None, work.start, work.end)
+    records = {}
+    for mode in ("oracle", "online"):
+        group = get_method("sequential", compress=FAST, targets=mode).compress(work, 2.0)
+        rows = group.stats["turns"]
+        assert group.entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
+        assert [r["targets"] for r in rows] == [mode] * len(turns) and len(rows) == 5
+        assert all(r["loss"] > 0 for r in rows)
+        assert rows[0]["drift"] == pytest.approx(0.0, abs=1e-6)  # the first turn sits on the exact prefix
+        assert all(r["drift"] > 0 for r in rows[1:])  # later turns sit on compressed history
+        records[mode] = rows
+    assert [r["loss"] for r in records["oracle"]] != [r["loss"] for r in records["online"]]
+
+
+def test_budget_is_shared_exactly_over_turns():
+    counts = allocate([26, 19, 46, 67, 1, 3], 3.2)
+    assert sum(counts) == round(162 / 3.2) and all(1 <= c <= n for c, n in zip(counts, [26, 19, 46, 67, 1, 3]))
+    assert allocate([10, 10], 1.0) == [10, 10]
+    with pytest.raises(VkvError, match="each turn needs one"):
+        allocate([2, 2, 2, 2], 8.0)
+
+
+def test_sequential_method_splices_one_segment_per_message(evaluation):
+    result = evaluation.evaluate(get_method("sequential", compress=FAST), 3.0)
+    span = evaluation.end - evaluation.start
+    rows = result["optimisation"]["turns"]
+    assert result["compressed_entries"] == round(span / 3.0) == sum(r["entries"] for r in rows)
+    assert len(result["optimisation"]["turns"]) == 5 and len(result["questions"]) == 2
+    group = get_method("sequential", compress=FAST).compress(evaluation.work, 3.0)
+    assert isinstance(group, SegmentGroup) and len(group) == 5
+    assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries
+
+
+def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tmp_path):
+    parser = argparse.ArgumentParser()
+    add_multiturn_args(parser)
+    args = parser.parse_args(["--sequential", "--targets", "online", "--hybrid", "--keep-by", "surprisal"])
+    assert method_options(args)["hybrid"].keep_by == "surprisal"
+    spliced = compress_multiturn(tiny_llama, transcript, (1, 5), FAST, args)
+    rendered = render(transcript, tiny_llama.tokenizer)
+    assert [tuple(s.span) for s in spliced.segments] == [(s.start, s.end) for s in rendered.spans]
+    assert spliced.next_position == len(rendered.ids)
+    path = tmp_path / "multi.safetensors"
+    save_cache(spliced, path)
+    rows = report_rows(read_header(path))
+    assert [r["role"] for r in rows] == [m.role for m in transcript.messages]
+    assert [r["kind"] for r in rows] == ["verbatim"] + ["hybrid"] * 4 + ["verbatim"] * 3
+    for row, segment in zip(rows[1:5], spliced.segments[1:5]):
+        assert row["verbatim_kept"] == len(segment.stats["verbatim_positions"]) > 0
+        ids = [rendered.ids[p] for p in segment.stats["verbatim_positions"]]
+        assert row["verbatim_text"] == [tiny_llama.tokenizer.decode([i]) for i in ids]
+    totals = report_totals(rows)
+    assert totals["compressed_ratio"] == pytest.approx(3.2, abs=0.3)
+    with pytest.raises(VkvError, match="--max-loss"):
+        method_options(parser.parse_args(["--auto-ratio"]))
