@@ -11,7 +11,8 @@ from rich.table import Table
 
 from .errors import VkvError
 
-console = Console()
+# Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {}
 
 
@@ -293,14 +294,19 @@ def cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_units(lm, paths: list[str], span: str | None, window: int | None, max_windows: int | None):
-    """(label, transcript, turns) for each evaluation unit: whole transcripts, a span, or windows."""
-    from .evals.windows import select_windows
+def _eval_units(lm, paths: list[str], span: str | None, window: int | None, max_windows: int | None,
+                span_only: bool = False):
+    """(transcript, turns) for each evaluation unit: whole transcripts, a span, the span alone, or windows."""
+    from .evals.windows import select_windows, window_transcript
     from .transcript import load_transcript, parse_turn_span, render
 
     for path in paths:
         transcript = load_transcript(path)
-        if window:
+        if span_only:
+            if not span:
+                raise VkvError("--span-only needs --span turns:A-B")
+            yield window_transcript(transcript, *parse_turn_span(span, transcript)), None
+        elif window:
             rendered = render(transcript, lm.tokenizer)
             for sub in select_windows(transcript, rendered, window, max_windows):
                 yield sub, None
@@ -333,7 +339,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = EvalSettings(min_gap=args.min_gap, max_new_tokens=args.max_new_tokens, seed=args.seed)
     lm = load_from_args(args)
     results = []
-    for transcript, turns in _eval_units(lm, args.transcripts, args.span, args.window, args.max_windows):
+    for transcript, turns in _eval_units(lm, args.transcripts, args.span, args.window, args.max_windows,
+                                         args.span_only):
         with console.status(f"{transcript.id}: full and none references"):
             evaluation = TranscriptEval(lm, transcript, turns, settings)
         if args.cache:
@@ -513,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_compress_args(p, several_ratios=True)
     p.add_argument("--window", type=int, help="cut transcripts into turn windows of at most this many tokens")
     p.add_argument("--max-windows", type=int, help="evaluate only the windows with the most questions")
+    p.add_argument("--span-only", action="store_true",
+                   help="evaluate the --span turns as their own window: system message + those turns, later turns "
+                        "dropped, questions first answered there")
     add_multiturn_args(p)
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
