@@ -444,6 +444,20 @@ def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
     return warnings
 
 
+@command("sweep")
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import run_sweep
+
+    return run_sweep(args)
+
+
+@command("report")
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import run_report
+
+    return run_report(args)
+
+
 @command("prune")
 def cmd_prune(args: argparse.Namespace) -> int:
     if args.backend == "longcodezip":
@@ -535,6 +549,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(model=None)
     p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
     p.add_argument("--min-gap", type=float, default=1.0)
+
+    from .report import add_report_args
+    from .sweep import add_sweep_args
+
+    add_sweep_args(sub.add_parser("sweep", help="run an experiment grid (experiments/*.toml) resumably; --shard i/n"))
+    add_report_args(sub.add_parser("report", help="tables, PNG plots and report.md from a sweep's results"))
 
     p = sub.add_parser("prune", help="prune a source file for a query with a text-level backend")
     p.add_argument("file")

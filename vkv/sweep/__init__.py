@@ -1,0 +1,146 @@
+"""Experiment grids from TOML, run once each: resumable, crash-safe, shardable across processes or GPUs.
+
+An experiment file (every value may be a scalar or a list; a list is an axis of the grid):
+
+    name = "cpu-quick"                  # optional; default: the file's stem
+    description = "what it reproduces"
+    [defaults]                          # inherited by every [[grid]] table
+    model = "smollm2-135m"              # alias, hub id or directory
+    quant = "fp32"                      # auto resolves per device (8bit on CUDA, fp32 on CPU)
+    transcripts = ["../transcripts/taskapi-express-sqlite.json"]   # relative to the TOML file
+    window = 512                        # turn windows of ≤ N tokens; or window_turns = N messages;
+                                        # or span = "turns:A-B" of the whole transcript; or none: default span
+    max_windows = 1                     # per transcript: the windows with the most questions
+    seeds = 0
+    [eval]                              # EvalSettings: min_gap, max_new_tokens
+    [[grid]]                            # union of grids; each is a cartesian product
+    methods = ["truncate", "vkv"]
+    ratios = [2.0, 3.2]
+    pooling = ["uniform", "surprisal"]  # CompressConfig and OptimConfig fields: positions, target, steps, lr, ...
+    snapkv = { window = 32 }            # options of one method, under its name (hybrid.fraction, ...)
+
+Options a method does not take are dropped from its runs (so `pooling` does not multiply `truncate` runs)
+and identical runs are kept once. A run's id is a hash of everything that decides its result: model,
+resolved quantisation, the evaluated window (transcript id, content hash, turns), method, ratio, the
+method's fully resolved config, seed and eval settings; the code revision is recorded, not hashed.
+
+`vkv sweep` appends one JSON line per finished run to OUT/results.jsonl (OUT/results.rank{i}.jsonl when
+sharded) with one `os.write` on an O_APPEND descriptor followed by fsync, so `kill -9` loses at most the run
+in flight; on start a trailing partial line is cut off and every run already in any results file is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..errors import VkvError
+from .grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
+from .plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
+from .results import ResultsFile, read_results, results_name
+
+__all__ = ["Experiment", "ResultsFile", "Run", "Unit", "add_sweep_args", "build_method", "expand", "load_experiment",
+           "parse_shard", "plan", "read_results", "results_name", "run_sweep", "take_shard", "turn_count_windows"]
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="experiment file (experiments/*.toml)")
+    p.add_argument("--out", required=True, help="directory for results.jsonl (created; re-running resumes)")
+    p.add_argument("--shard", help="i/n: run every n-th run of the grid (default: RANK/WORLD_SIZE if set)")
+    p.add_argument("--save-caches", action="store_true", help="also save each run's spliced cache (large)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"))
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; 1 is fastest "
+                   "when other processes share the cores)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs this shard would do, then stop")
+
+
+def _device(arg: str) -> str:
+    import torch
+
+    local = os.environ.get("LOCAL_RANK")
+    if arg == "auto" and local is not None and torch.cuda.is_available():
+        return f"cuda:{local}"
+    return arg
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..progress import make_progress
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: wide enough for the tables
+        console = Console(width=200)
+    experiment = load_experiment(args.config)
+    shard = parse_shard(args.shard)
+    device = _device(args.device)
+    out = Path(args.out)
+    with console.status(f"{experiment.path}: expanding the grid"):
+        runs = plan(experiment, device)
+    mine = take_shard(runs, *shard)
+    done = {line.get("run_id") for line in read_results(out)} if out.is_dir() else set()
+    pending = [r for r in mine if r.id not in done]
+    console.print(f"{experiment.name}: {len(runs)} runs in the grid, {len(mine)} in shard {shard[0]}/{shard[1]}, "
+                  f"{len(mine) - len(pending)} already done, {len(pending)} to run")
+    if args.dry_run:
+        _print_plan(console, pending)
+        return 0
+    if not pending:
+        return 0
+    from .runner import SweepContext, execute, git_revision
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    results = ResultsFile(out / results_name(*shard))
+    errors = out / results_name(*shard).replace("results", "errors")
+    ctx = SweepContext(experiment, out, shard, device, args.attn, args.save_caches, git_revision())
+    try:
+        with make_progress(console) as progress:
+            failures = execute(ctx, pending, results, console, progress, lambda f: _log_failure(errors, f))
+    finally:
+        results.close()
+    for failure in failures:
+        console.print(f"[bold red]failed:[/] {failure.get('unit')} {failure.get('method', '')} "
+                      f"{failure.get('ratio') or ''}: {failure['error']}", highlight=False)
+    console.print(f"wrote {results.path}" + (f"; {len(failures)} failed (see {errors})" if failures else ""))
+    return 1 if failures else 0
+
+
+def _log_failure(path: Path, failure: dict) -> None:
+    """Failed runs go to errors*.jsonl as they happen (they are not finished, so the next sweep retries them)."""
+    log = ResultsFile(path)
+    try:
+        log.append({**failure, "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    finally:
+        log.close()
+
+
+def _print_plan(console, runs: list[Run]) -> None:
+    from rich.table import Table
+
+    table = Table(title="planned runs")
+    for col in ("run id", "model", "quant", "unit", "method", "ratio", "seed", "options"):
+        table.add_column(col)
+    skip = {"model", "quant", "transcript", "method", "ratio", "seed", *UNIT_KEYS}
+    for r in runs:
+        options = " ".join(f"{k}={v}" for k, v in r.point.items() if k not in skip)
+        table.add_row(r.id, r.point["model"], r.identity["quant"], r.unit.label, r.point["method"],
+                      str(r.point["ratio"] or "—"), str(r.point["seed"]), options)
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vkv sweep", description="run an experiment grid, resumably")
+    add_sweep_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run_sweep(args)
+    except VkvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,270 @@
+"""Experiment files: TOML grids expanded into points (one per run before windows are cut), and the method
+objects they describe. See `vkv.sweep` for the file format."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import VkvError
+
+
+TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
+AXIS_NAMES = {"transcripts": "transcript", "methods": "method", "ratios": "ratio", "seeds": "seed"}
+UNIT_KEYS = ("window", "window_turns", "span", "max_windows")
+PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
+
+
+def compress_keys() -> dict[str, Any]:
+    """Grid keys that set a CompressConfig or OptimConfig field, with their defaults (seed comes from `seeds`)."""
+    from ..compress import CompressConfig
+    from ..optimize import OptimConfig
+
+    top = {f.name: getattr(CompressConfig(), f.name) for f in fields(CompressConfig) if f.name not in ("ratio", "optim")}
+    optim = {f.name: getattr(OptimConfig(), f.name) for f in fields(OptimConfig) if f.name != "seed"}
+    return {**top, **optim}
+
+
+def eval_keys() -> dict[str, Any]:
+    from ..evals.runner import EvalSettings
+
+    return {f.name: getattr(EvalSettings(), f.name) for f in fields(EvalSettings) if f.name != "seed"}
+
+
+@dataclass
+class Experiment:
+    path: Path
+    name: str
+    description: str
+    grids: list[dict[str, Any]]  # [[grid]] tables merged over [defaults]
+    eval: dict[str, Any] = field(default_factory=dict)
+
+    def resolve(self, relative: str) -> Path:
+        p = Path(relative).expanduser()
+        return p if p.is_absolute() else (self.path.parent / p)
+
+
+def load_experiment(path: str | os.PathLike) -> Experiment:
+    p = Path(path)
+    if not p.is_file():
+        raise VkvError(f"{p}: no such experiment file")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise VkvError(f"{p}: not valid TOML ({exc})") from None
+    _no_unknown(p, "the top level", data, TOP_KEYS)
+    defaults = _table(p, data, "defaults")
+    grids = data.get("grid", [{}])
+    if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
+        raise VkvError(f"{p}: field grid must be an array of tables, written [[grid]]")
+    merged = [_merge(defaults, g) for g in grids or [{}]]
+    allowed = (*PLAIN_KEYS, *compress_keys(), *_method_names())
+    for i, grid in enumerate(merged):
+        _no_unknown(p, f"[[grid]] #{i + 1}", grid, allowed)
+    evals = _table(p, data, "eval")
+    _no_unknown(p, "[eval]", evals, tuple(eval_keys()))
+    return Experiment(p, str(data.get("name", p.stem)), str(data.get("description", "")), merged, evals)
+
+
+def _table(path: Path, data: dict, key: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise VkvError(f"{path}: field {key} must be a table, written [{key}]")
+    return value
+
+
+def _merge(defaults: dict, grid: dict) -> dict:
+    out = dict(defaults)
+    for k, v in grid.items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _no_unknown(path: Path, where: str, table: dict, allowed: Iterable[str]) -> None:
+    allowed = tuple(allowed)
+    for key in table:
+        if key not in allowed:
+            hint = f" (did you mean {_plural(key)}?)" if _plural(key) != key and _plural(key) in allowed else ""
+            raise VkvError(f"{path}: {where}: unknown key '{key}'{hint}; known keys: {', '.join(allowed)}")
+
+
+def _plural(key: str) -> str:
+    return {v: k for k, v in AXIS_NAMES.items()}.get(key, key)
+
+
+def _quants() -> tuple[str, ...]:
+    from ..model import QUANTS
+
+    return QUANTS
+
+
+def _method_names() -> tuple[str, ...]:
+    from ..methods import METHODS
+
+    return tuple(METHODS)
+
+
+# ---- grid points --------------------------------------------------------------------------------------------
+
+
+def expand(experiment: Experiment) -> list[dict[str, Any]]:
+    """Every grid point, with the options its method does not take dropped, each kept once, in file order."""
+    seen: dict[str, dict] = {}
+    for i, grid in enumerate(experiment.grids):
+        where = f"{experiment.path}: [[grid]] #{i + 1}"
+        flat = _flatten(grid, where)
+        for key in ("model", "transcripts", "methods"):
+            if key not in flat:
+                raise VkvError(f"{where}: field {key} is missing (set it there or under [defaults])")
+        for key, value in flat.items():
+            if value == []:
+                raise VkvError(f"{where}: field {key} is an empty list, which would make an empty grid")
+        axes = {AXIS_NAMES.get(k, k): v if isinstance(v, list) else [v] for k, v in flat.items()}
+        axes.setdefault("ratio", [None])
+        axes.setdefault("seed", [0])
+        axes.setdefault("quant", ["auto"])
+        for values in itertools.product(*axes.values()):
+            point = _relevant(dict(zip(axes, values)), where)
+            seen.setdefault(_canonical(point), point)
+    return list(seen.values())
+
+
+def _flatten(grid: dict, where: str) -> dict:
+    """Method tables become dotted keys: {"snapkv": {"window": 32}} → {"snapkv.window": 32}."""
+    methods = _method_names()
+    out = {}
+    for k, v in grid.items():
+        if k in methods:
+            if not isinstance(v, dict):
+                raise VkvError(f"{where}: field {k} names a method, so it must be a table of its options, "
+                               f"e.g. {k} = {{ option = value }}")
+            out.update({f"{k}.{opt}": val for opt, val in v.items()})
+        else:
+            out[k] = v
+    return out
+
+
+def _relevant(point: dict, where: str) -> dict:
+    """Check a point's values and keep only what its method takes."""
+    from ..methods import METHODS
+
+    name = point["method"]
+    if name not in METHODS:
+        raise VkvError(f"{where}: field methods: unknown method '{name}'; choose from {', '.join(METHODS)}")
+    cls = METHODS[name]
+    out = {k: point[k] for k in ("model", "quant", "transcript", *UNIT_KEYS) if k in point}
+    units = [k for k in ("window", "window_turns", "span") if k in point]
+    if len(units) > 1:
+        raise VkvError(f"{where}: set only one of window, window_turns and span, not {' and '.join(units)}")
+    for key in ("window", "window_turns", "max_windows"):
+        if key in point and (isinstance(point[key], bool) or not isinstance(point[key], int) or point[key] < 1):
+            raise VkvError(f"{where}: field {key}: expected a positive integer, got {point[key]!r}")
+    for key in ("model", "quant", "transcript", "span"):
+        if key in point and not isinstance(point[key], str):
+            raise VkvError(f"{where}: field {_plural(key)}: expected text, got {point[key]!r}")
+    if point["quant"] not in _quants():
+        raise VkvError(f"{where}: field quant: unknown quantisation '{point['quant']}'; choose one of "
+                       f"{', '.join(_quants())}")
+    out["method"] = name
+    out["ratio"] = _ratio(point.get("ratio"), where) if cls.uses_ratio else None
+    if cls.uses_ratio and out["ratio"] is None:
+        raise VkvError(f"{where}: field ratios is missing and method '{name}' needs a compression ratio")
+    out["seed"] = point["seed"]
+    if not isinstance(out["seed"], int):
+        raise VkvError(f"{where}: field seeds: seeds are integers, got {out['seed']!r}")
+    defaults = compress_keys()
+    if "compress" in cls.options_taken:
+        out.update({k: _typed(k, v, defaults[k], where) for k, v in point.items() if k in defaults})
+    for key, value in point.items():
+        owner, _, option = key.partition(".")
+        if option and owner == name:
+            if option not in cls.options_taken or option == "compress":
+                taken = ", ".join(o for o in cls.options_taken if o != "compress") or "none"
+                raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
+            out[key] = value
+    return out
+
+
+def _ratio(value, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+        raise VkvError(f"{where}: field ratios: a ratio is a number ≥ 1 (span tokens per entry), got {value!r}")
+    return float(value)
+
+
+def _typed(key: str, value, default, where: str):
+    if default is None or isinstance(default, tuple):  # layer_weights, betas: one TOML array becomes a tuple
+        if isinstance(default, tuple) and not isinstance(value, list):
+            raise VkvError(f"{where}: field {key}: expected a list such as {list(default)}; to sweep it, give a "
+                           f"list of lists")
+        return tuple(value) if isinstance(value, list) else value
+    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if type(value) is not type(default):
+        raise VkvError(f"{where}: field {key}: expected {type(default).__name__}, got {value!r}")
+    return value
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (tuple, set)):
+        return list(value)
+    return str(value)
+
+
+def build_method(point: dict):
+    """The method object a point describes; its compression config carries the run's seed."""
+    from ..compress import BOUNDARIES, CompressConfig
+    from ..methods import METHODS, get_method
+    from ..optimize import OptimConfig
+    from ..pooling import POOLING_RULES
+    from ..positions import POSITION_SCHEMES
+    from ..targets import TARGET_KINDS
+
+    name = point["method"]
+    options = {opt: _option(name, opt, v) for opt, v in
+               ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))}
+    if "compress" in METHODS[name].options_taken:
+        top = {f.name for f in fields(CompressConfig)}
+        optim = {k: v for k, v in point.items() if k in {f.name for f in fields(OptimConfig)}}
+        config = CompressConfig.from_dict({**{k: v for k, v in point.items() if k in top},
+                                           "optim": {**optim, "seed": point["seed"]}})
+        config.optim.validate()
+        for what, value, allowed in (("pooling", config.pooling, POOLING_RULES), ("positions", config.positions,
+                                     POSITION_SCHEMES), ("target", config.target, TARGET_KINDS),
+                                     ("boundaries", config.boundaries, BOUNDARIES)):
+            if value not in allowed:
+                raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
+        options["compress"] = config
+    return get_method(name, **options)
+
+
+OPTION_TABLES = {  # method options given as TOML tables, and the config class each becomes
+    ("hybrid", "verbatim"): ("vkv.hybrid", "HybridConfig"),
+    ("sequential", "hybrid"): ("vkv.hybrid", "HybridConfig"),
+    ("sequential", "auto_ratio"): ("vkv.autoratio", "AutoRatioConfig"),
+}
+
+
+def _option(method: str, option: str, value):
+    """A method option as the method takes it: TOML tables become their config dataclass (via from_dict)."""
+    if not isinstance(value, dict):
+        return value
+    if (method, option) not in OPTION_TABLES:
+        raise VkvError(f"field {method}.{option}: a table was given, but vkv sweep does not know which settings "
+                       f"class it describes (known: {', '.join(f'{m}.{o}' for m, o in OPTION_TABLES)})")
+    import importlib
+
+    module, cls = OPTION_TABLES[(method, option)]
+    return getattr(importlib.import_module(module), cls).from_dict(value)

@@ -1,0 +1,80 @@
+"""Results files: append-only JSON lines that survive `kill -9`, merged across shards when read.
+
+One whole line per `os.write` on an O_APPEND descriptor, then fsync: a crash loses at most the run in flight.
+A write cut short (only a full disk or a crash inside the call can do that) leaves a trailing partial line;
+readers ignore it and the next writer cuts it off. One writer per file, enforced with flock."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..errors import VkvError
+from .grid import _jsonable
+
+
+def results_name(i: int, n: int) -> str:
+    return "results.jsonl" if n == 1 else f"results.rank{i}.jsonl"
+
+
+def read_results(out: str | os.PathLike, name_glob: str = "results*.jsonl", latest: bool = False) -> list[dict]:
+    """Complete lines of every matching file in `out`, each run once: its first line (results are never
+    replaced), or with `latest` its last (errors: the most recent attempt)."""
+    seen: dict[str, dict] = {}
+    for path in sorted(Path(out).glob(name_glob)):
+        for line in _complete_lines(path):
+            key = line.get("run_id") or line.get("unit") or f"{path}:{len(seen)}"
+            if latest:
+                seen.pop(key, None)
+                seen[key] = line
+            else:
+                seen.setdefault(key, line)
+    return list(seen.values())
+
+
+def _complete_lines(path: Path) -> list[dict]:
+    data = path.read_bytes()
+    body = data[: data.rfind(b"\n") + 1]  # a trailing partial line (a write cut by a crash) is not a result
+    lines = []
+    for raw in body.splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except json.JSONDecodeError:
+            print(f"warning: {path}: skipping a line that is not JSON", file=sys.stderr)
+    return lines
+
+
+class ResultsFile:
+    """Append-only JSON lines, one whole line per os.write on an O_APPEND descriptor, fsynced; one writer."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise VkvError(f"{path}: another sweep is writing this file; give it another --out or --shard") from None
+        self.cut_partial_line()
+
+    def cut_partial_line(self) -> None:
+        data = self.path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep < len(data):
+            os.ftruncate(self.fd, keep)
+            os.fsync(self.fd)
+
+    def append(self, record: dict) -> None:
+        line = (json.dumps(record, default=_jsonable, ensure_ascii=False) + "\n").encode("utf-8")
+        written = os.write(self.fd, line)
+        if written != len(line):  # only a full disk does this; cut the fragment so the file stays whole
+            self.cut_partial_line()
+            raise VkvError(f"{self.path}: short write ({written} of {len(line)} bytes); is the disk full?")
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
