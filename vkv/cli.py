@@ -463,7 +463,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if args.backend == "longcodezip":
         from .backends.longcodezip.cli import run_prune
     else:
-        from .backends.lamr.cli import run_prune
+        try:
+            from .backends.lamr.cli import run_prune
+        except ImportError:
+            raise VkvError("--backend lamr: the LaMR backend is not part of this build yet (issue 8)") from None
     if (args.ratio is None) == (args.budget is None):
         raise VkvError("give exactly one of --ratio or --budget")
     with console.status(f"pruning {args.file} with {args.backend}"):
