@@ -70,3 +70,17 @@ def mini_transcript_path() -> Path:
 
 def bundled_transcripts() -> list[Path]:
     return sorted((ROOT / "transcripts").glob("*.json"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lamr_checkpoint(tiny_llama, tmp_path_factory) -> Path:
+    """An untrained two-rubric LaMR checkpoint on a saved tiny backbone: the eval matrix's `lamr` runs on it."""
+    from vkv.backends.lamr import LaMRConfig, build_model, save_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny-lamr")
+    tiny_llama.model.save_pretrained(root / "backbone")
+    tiny_llama.tokenizer.save_pretrained(root / "backbone")
+    torch.manual_seed(0)
+    model = build_model(LaMRConfig(backbone=str(root / "backbone"), rubrics=("semantic", "dependency"),
+                                   trainable_top_layers=0, max_length=512))
+    return save_checkpoint(model, root / "checkpoint")

@@ -35,3 +35,30 @@ def test_doctor_8bit_cli_writes_json(test_model_dir, tmp_path):
     assert main(["doctor", "--model", "smollm2-135m", "--quant", "8bit", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["quant"] == "8bit" and report["grad_norm"] > 0
+
+
+def test_plan_cli_fits_the_reference_setup_and_refuses_a_tiny_gpu(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "Qwen/Qwen2.5-Coder-7B-Instruct", "--window", "4096", "--ratio", "3.2",
+                 "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["virtual_tokens"] == 1280 and plan["peak"] < 32 * 2**30
+    assert "fits" in capsys.readouterr().out
+    assert main(["plan", "--model", "Qwen/Qwen2.5-Coder-7B-Instruct", "--memory", "8"]) == 1
+    assert main(["plan", "--model", "no/such-model"]) == 2
+
+
+def test_lamr_commands_build_a_corpus_and_prune_needs_a_checkpoint(tmp_path, test_model_dir, capsys):
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(6):
+        (source / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    y = x + {j}\n    return y * 2\n\n\n"
+                                                 for j in range(8)))
+    out = tmp_path / "corpus.jsonl"
+    assert main(["lamr", "build-corpus", "--out", str(out), "--sources", str(source), "--records", "5",
+                 "--min-lines", "6", "--max-lines", "20"]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert records and all(set(r) == {"query", "code", "kept_frags", "score"} for r in records)
+    target = source / "m0.py"
+    assert main(["prune", str(target), "--backend", "lamr", "--query", "what does f0_1 return?"]) == 2
+    assert "--checkpoint is required" in capsys.readouterr().out

@@ -35,8 +35,8 @@ def mini_transcript_path_module():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 @pytest.mark.parametrize("ratio", [2.0, 3.2])
-def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio):
-    method = get_method(name, compress=FAST)
+def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio, tiny_lamr_checkpoint):
+    method = get_method(name, compress=FAST, checkpoint=tiny_lamr_checkpoint)
     result = evaluation.evaluate(method, ratio)
     span = evaluation.end - evaluation.start
     assert result["span_tokens"] == span
@@ -85,6 +85,43 @@ def test_compression_never_receives_the_questions(evaluation, monkeypatch):
         assert len(work.ids) == len(evaluation.rendered.ids)  # the conversation only, nothing appended
         for q in evaluation.transcript.questions:
             assert q.question not in text
+
+
+class _KeepEvenLines(TextMethod):
+    """A text method that records the query it is given and keeps every other line of each message."""
+
+    name = "even-lines"
+    options_taken = ("query_aware",)
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.queries = []
+
+    def prune(self, work, ratio):
+        self.queries.append(work.query)
+        return ["\n".join(m.content.splitlines()[::2]) for m in work.messages]
+
+
+def test_text_methods_get_the_latest_request_unless_query_aware(evaluation):
+    agnostic = _KeepEvenLines()
+    result = evaluation.evaluate(agnostic, 2.0)
+    assert agnostic.queries == [evaluation.latest_request()] and not result["question_aware"]
+    for q in evaluation.transcript.questions:
+        assert q.question not in agnostic.queries[0]
+    [report] = result["text_report"]
+    multi_line = [m for m in report["messages"] if m["lines"] > 1]
+    assert multi_line and all(m["lines_kept"] == (m["lines"] + 1) // 2 for m in report["messages"])
+    first = multi_line[0]
+    original = evaluation.transcript.messages[first["message"]].content.splitlines()
+    assert first["dropped"] == original[1::2]
+
+    aware = _KeepEvenLines(query_aware=True)
+    result = evaluation.evaluate(aware, 2.0)
+    assert aware.queries == [q.question for q in evaluation.transcript.questions]
+    assert result["question_aware"] and len(result["questions"]) == len(aware.queries)
+    from vkv.evals.summary import aggregate
+
+    assert aggregate([result])[0]["method"] == "even-lines (question-aware)"
 
 
 def _recording(fn, seen):

@@ -346,7 +346,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.cache:
             results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
         for name in methods:
-            method = get_method(name, compress=compress_config, **method_options(args))
+            method = get_method(name, compress=compress_config, query_aware=args.query_aware,
+                                checkpoint=args.checkpoint, **method_options(args))
             for ratio in (ratios if method.uses_ratio else [None]):
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
                 if name in ("vkv",):
@@ -462,13 +463,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_prune(args: argparse.Namespace) -> int:
     if args.backend == "longcodezip":
         from .backends.longcodezip.cli import run_prune
+
+        if (args.ratio is None) == (args.budget is None):
+            raise VkvError("give exactly one of --ratio or --budget")
     else:
-        try:
-            from .backends.lamr.cli import run_prune
-        except ImportError:
-            raise VkvError("--backend lamr: the LaMR backend is not part of this build yet (issue 8)") from None
-    if (args.ratio is None) == (args.budget is None):
-        raise VkvError("give exactly one of --ratio or --budget")
+        from .backends.lamr.cli import run_prune
+
+        if args.ratio is not None and args.budget is not None:
+            raise VkvError("give at most one of --ratio or --budget (neither: keep lines scoring ≥ --threshold)")
     with console.status(f"pruning {args.file} with {args.backend}"):
         payload = run_prune(args)
     console.print(payload["text"], markup=False, highlight=False)
@@ -477,6 +479,27 @@ def cmd_prune(args: argparse.Namespace) -> int:
         f"(ratio {payload['ratio_achieved']:.2f}), {len(payload['kept_lines'])} lines kept[/]"
     )
     return 0
+
+
+@command("lamr")
+def cmd_lamr(args: argparse.Namespace) -> int:
+    from .backends.lamr.cli import run_lamr
+
+    return run_lamr(args, console)
+
+
+@command("bench")
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+@command("plan")
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .plan import run_plan
+
+    return run_plan(args)
 
 
 # ---- parser -------------------------------------------------------------------------------------
@@ -541,6 +564,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="evaluate the --span turns as their own window: system message + those turns, later turns "
                         "dropped, questions first answered there")
     add_multiturn_args(p)
+    p.add_argument("--checkpoint", help="lamr: checkpoint directory (default: $VKV_HOME/lamr-demo/semantic-dependency)")
+    p.add_argument("--query-aware", action="store_true",
+                   help="text methods prune once per question with the question as the query (an upper bound; "
+                        "reported as question-aware)")
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -568,9 +595,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--language", help="override the language detected from the extension")
     p.add_argument("--rank-only", action="store_true", help="longcodezip: coarse chunk ranking only")
     p.add_argument("--checkpoint", help="lamr: checkpoint directory")
-    p.add_argument("--threshold", type=float, default=0.4, help="lamr: keep lines scoring at least this")
+    p.add_argument("--threshold", type=float, default=None, help="lamr: keep lines scoring at least this "
+                   "(default: the checkpoint's, 0.4)")
+    p.add_argument("--no-repair", action="store_true", help="lamr: skip AST-aware repair")
     add_model_args(p)
     p.add_argument("--json", help="also write the pruned text and report here")
+
+    from .backends.lamr.cli import add_lamr_commands
+    from .bench import add_bench_args
+    from .plan import add_plan_args
+
+    add_lamr_commands(sub)
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bsub = p.add_subparsers(dest="bench_command", required=True)
+    add_bench_args(bsub.add_parser("optimizer", help="vkv's optimiser vs a straightforward loop and the compute floor"))
+    add_plan_args(sub.add_parser("plan", help="memory budget of a compression run, computed from the model config"))
 
     for extension in _EXTENSIONS:
         extension(sub)

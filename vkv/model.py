@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops
     logging.getLogger(_name).addFilter(_DropBitsandbytesNoise())
 QUANTS = ("auto", "8bit", "4bit", "bf16", "fp16", "fp32")
 ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # never flash_attention_2: it infers packing from position ids
+FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,8 @@ class FrozenLM:
         self.quant = quant
         self.device = device
         self.load_seconds = load_seconds
+        self._weight_copies: dict | None = None
+        self._weight_copies_dtype: torch.dtype | None = None
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
@@ -133,21 +137,23 @@ class FrozenLM:
         return [layer.self_attn for layer in layers]
 
     def rope_cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE tables at (possibly fractional) positions `[n]` → cos, sin `[n, head_dim]`."""
-        pos = positions.to(self.device, torch.float32).reshape(1, -1)
+        """RoPE tables at (possibly fractional) positions `[n]` (or `[B, n]`) → cos, sin `[n, head_dim]`
+        (or `[B, n, head_dim]`)."""
+        pos = positions.to(self.device, torch.float32)
         probe = torch.zeros(1, dtype=torch.float32, device=self.device)
-        cos, sin = self.model.model.rotary_emb(probe, position_ids=pos)
-        return cos[0], sin[0]
+        cos, sin = self.model.model.rotary_emb(probe, position_ids=pos.reshape(-1, pos.shape[-1]))
+        return (cos[0], sin[0]) if pos.dim() == 1 else (cos, sin)
 
     def rotate(self, keys: torch.Tensor, positions: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        """Apply (or undo) RoPE to keys `[..., n, head_dim]` at positions `[n]`."""
+        """Apply (or undo) RoPE to keys `[..., n, head_dim]` at positions `[n]` (or `[B, n]` for keys
+        `[B, heads, n, head_dim]`)."""
         cos, sin = self.rope_cos_sin(positions)
         cos, sin = cos.to(keys.dtype), sin.to(keys.dtype)
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]
         if inverse:
             sin = -sin
-        half = keys.shape[-1] // 2
-        rotated_half = torch.cat((-keys[..., half:], keys[..., :half]), dim=-1)
-        return keys * cos + rotated_half * sin
+        return keys * cos + _rotate_half(keys) * sin
 
     def causal_mask(self, past_length: int, new_length: int) -> torch.Tensor:
         """Additive mask `[1, 1, new, past + new]`: every new token sees all past entries and earlier new ones.
@@ -166,21 +172,137 @@ class FrozenLM:
         positions: torch.Tensor,
         prefix: "KVPrefix",
         last_layer: int | None = None,
+        token_mask: torch.Tensor | None = None,
+        last_keys: bool = True,
+        rope_keys: bool = True,
+        fast: bool | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Run input embeddings `[1, n, hidden]` at `positions` `[n]` on top of a read-only prefix.
+        """Run input embeddings `[B, n, hidden]` at `positions` (`[n]` or `[B, n]`) on top of a read-only prefix.
 
-        Returns the new tokens' post-RoPE keys and values per layer (each `[1, kv_heads, n, head_dim]`) up
-        to `last_layer` (default: all); the pass stops right after that layer's K/V projection, so later
-        layers, the attention output, MLP, final norm and LM head are never computed.
+        Returns the new tokens' keys (post-RoPE unless `rope_keys=False`) and values per layer (each
+        `[B, kv_heads, n, head_dim]`) up to `last_layer` (default: all); the pass stops right after that
+        layer's K/V projection, so its attention, its MLP, later layers, the final norm and the LM head are
+        never computed (nor its K projection when `last_keys=False`; that layer's key is then None).
+        `token_mask` `[B, n]` marks real tokens in a padded batch: padding is never attended to. The prefix's
+        batch is 1 or B; `prefix.valid` masks its padding.
+
+        `fast` (default: when the architecture allows) runs the decoder layers directly and attends to the
+        prefix without copying or repeating it; otherwise the model's own forward runs with a recording cache.
         """
         last = self.spec.num_layers - 1 if last_layer is None else last_layer
-        recorder = _RecordingPrefix(prefix, last)
-        mask = self.causal_mask(prefix.length, embeds.shape[1])
+        if fast is None:
+            fast = self.fast_path_supported
+        if fast:
+            return self._forward_kv_direct(embeds, positions, prefix, last, token_mask, last_keys, rope_keys)
+        keys, values = self._forward_kv_recording(embeds, positions, prefix, last, token_mask)
+        if not rope_keys:
+            pos = positions.to(self.device, torch.float32).reshape(-1, embeds.shape[1])
+            keys = [self.rotate(k, pos, inverse=True) for k in keys]
+        if not last_keys:
+            keys[last] = None
+        return keys, values
+
+    @property
+    def fast_path_supported(self) -> bool:
+        """Pre-norm decoder layers (norm → attention → residual → norm → MLP → residual), full attention."""
+        config = self.model.config
+        if config.model_type not in FAST_PATH_MODEL_TYPES:
+            return False
+        if any(t != "full_attention" for t in (getattr(config, "layer_types", None) or [])):
+            return False
+        window = getattr(config, "sliding_window", None)
+        return window is None or config.model_type != "mistral"
+
+    def _forward_kv_direct(self, embeds, positions, prefix, last, token_mask, last_keys, rope_keys):
+        batch, n, _ = embeds.shape
+        decoder = self.model.model
+        head_dim = self.spec.head_dim
+        pos = positions.to(self.device, torch.float32).reshape(-1, n).expand(batch, n)
+        hidden = embeds.to(self.device, self.dtype)
+        cos, sin = decoder.rotary_emb(hidden, position_ids=pos)
+        cos, sin = cos[:, None], sin[:, None]  # [B, 1, n, head_dim]: broadcast over heads
+        masks = attention_masks(n, prefix, token_mask, torch.float32, self.device)
+        autocast = torch.is_autocast_enabled(self.device.type)
+        compute_dtype = torch.get_autocast_dtype(self.device.type) if autocast else None
+        linear = self._linear_in(compute_dtype)
+
+        def compute(x: torch.Tensor) -> torch.Tensor:  # one cast per input shared by linear layers
+            return x if compute_dtype is None else x.to(compute_dtype)
+
+        keys: list[torch.Tensor | None] = []
+        values: list[torch.Tensor] = []
+        for i, layer in enumerate(decoder.layers[: last + 1]):
+            attn = layer.self_attn
+            x = compute(layer.input_layernorm(hidden))
+            v = linear(attn.v_proj, x).view(batch, n, -1, head_dim).transpose(1, 2)
+            values.append(v)
+            if i == last and not last_keys:
+                keys.append(None)
+                break
+            k = linear(attn.k_proj, x).view(batch, n, -1, head_dim)
+            k = (attn.k_norm(k) if hasattr(attn, "k_norm") else k).transpose(1, 2)
+            k_rotated = k * cos + _rotate_half(k) * sin
+            keys.append(k_rotated if rope_keys else k)
+            if i == last:
+                break
+            q = linear(attn.q_proj, x).view(batch, n, -1, head_dim)
+            q = (attn.q_norm(q) if hasattr(attn, "q_norm") else q).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            prefix_keys, prefix_values = (prefix.keys[i], prefix.values[i]) if prefix.length else (None, None)
+            if prefix.length and not autocast:  # under autocast the matmul casts (a no-op for a bf16 prefix)
+                prefix_keys, prefix_values = prefix_keys.to(hidden.dtype), prefix_values.to(hidden.dtype)
+            out = attend(q, k_rotated, v, prefix_keys, prefix_values, masks, attn.scaling)
+            hidden = hidden + linear(attn.o_proj, compute(out))
+            x = compute(layer.post_attention_layernorm(hidden))
+            mlp = layer.mlp
+            if hasattr(mlp, "gate_proj"):  # gated MLP (all FAST_PATH_MODEL_TYPES)
+                hidden = hidden + linear(mlp.down_proj, mlp.act_fn(linear(mlp.gate_proj, x)) * linear(mlp.up_proj, x))
+            else:
+                hidden = hidden + mlp(x)
+        return keys, values
+
+    @contextmanager
+    def compute_weights(self, dtype: torch.dtype | None):
+        """Within the block, the direct forward multiplies by `dtype` copies of the fp32 linear weights,
+        made once (autocast would otherwise re-cast every frozen weight at every call; 16-bit weights are
+        left to autocast rather than doubled), and feeds int8 layers `dtype` inputs so bitsandbytes
+        dequantises straight to it. No-op for None."""
+        previous = self._weight_copies, self._weight_copies_dtype
+        if dtype is not None and self._weight_copies_dtype != dtype:  # nested blocks share the copies
+            self._weight_copies_dtype = dtype
+            self._weight_copies = {
+                module: module.weight.detach().to(dtype)
+                for module in self.model.model.layers.modules()
+                if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32  # half their size
+            }
+        try:
+            yield
+        finally:
+            self._weight_copies, self._weight_copies_dtype = previous
+
+    def _linear_in(self, dtype: torch.dtype | None):
+        copies = (self._weight_copies or {}) if dtype is not None and dtype == self._weight_copies_dtype else {}
+
+        def linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+            weight = copies.get(module)
+            if weight is not None:
+                bias = None if module.bias is None else module.bias.to(weight.dtype)
+                return torch.nn.functional.linear(x.to(weight.dtype), weight, bias)
+            if dtype is not None and type(module) is not torch.nn.Linear:  # int8/4-bit layers
+                return module(x.to(dtype))
+            return module(x)
+
+        return linear
+
+    def _forward_kv_recording(self, embeds, positions, prefix, last, token_mask):
+        batch, n, _ = embeds.shape
+        recorder = _RecordingPrefix(prefix, last, batch)
+        bias = attention_bias(n, prefix, token_mask, self.dtype, self.device)  # [B, 1, n, L + n]
         try:
             self.model.model(
-                inputs_embeds=embeds.to(self.dtype),
-                position_ids=positions.to(self.device).float().reshape(1, -1),
-                attention_mask=mask,
+                inputs_embeds=embeds.to(self.device, self.dtype),
+                position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
+                attention_mask=bias.expand(batch, 1, n, prefix.length + n),
                 past_key_values=recorder,
                 use_cache=True,
             )
@@ -316,10 +438,14 @@ def fingerprint(config, tokenizer) -> str:
 
 @dataclass
 class KVPrefix:
-    """Read-only per-layer keys and values `[1, kv_heads, length, head_dim]` that new tokens attend to."""
+    """Read-only per-layer keys and values `[B, kv_heads, length, head_dim]` that new tokens attend to.
+
+    `valid` `[B, length]` (bool) marks real entries when prefixes of different lengths are padded into a
+    batch; None means all entries are real."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    valid: torch.Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -332,17 +458,120 @@ class KVPrefix:
         values = [layer.values[:, :, :length] for layer in cache.layers]
         return cls(keys, values)
 
+    def to(self, device: torch.device, dtype: torch.dtype) -> "KVPrefix":
+        """The same prefix on `device` in `dtype` (no copy when it already is)."""
+        valid = None if self.valid is None else self.valid.to(device)
+        return KVPrefix([k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid)
+
+    @classmethod
+    def stack(cls, prefixes: list["KVPrefix"]) -> "KVPrefix":
+        """One batch of prefixes, right-padded to the longest (a single copy, made once)."""
+        longest = max(p.length for p in prefixes)
+        if longest == 0:
+            return cls([], [])
+        layers = len(next(p for p in prefixes if p.length).keys)
+        sample = next(p for p in prefixes if p.length).keys[0]
+        heads, dim = sample.shape[1], sample.shape[3]
+        shape = (len(prefixes), heads, longest, dim)
+        keys = [sample.new_zeros(shape) for _ in range(layers)]
+        values = [sample.new_zeros(shape) for _ in range(layers)]
+        valid = torch.zeros(len(prefixes), longest, dtype=torch.bool, device=sample.device)
+        for b, p in enumerate(prefixes):
+            for layer in range(p.length and layers):
+                keys[layer][b, :, : p.length] = p.keys[layer][0]
+                values[layer][b, :, : p.length] = p.values[layer][0]
+            valid[b, : p.length] = True if p.valid is None else p.valid[0]
+        return cls(keys, values, None if bool(valid.all()) else valid)
+
+
+def attention_masks(
+    new_length: int, prefix: KVPrefix, token_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """Additive masks for new tokens attending to the prefix (`[B, 1, 1, L]`, None when nothing is padded)
+    and to each other (`[B, 1, n, n]`, B = 1 without a token mask): every real prefix entry is visible, and
+    the real new tokens up to and including oneself."""
+    blocked_new = torch.ones(new_length, new_length, dtype=torch.bool, device=device).triu(1)[None]
+    if token_mask is not None:
+        blocked_new = blocked_new | ~token_mask.to(device, torch.bool)[:, None, :]
+    new_bias = torch.zeros(blocked_new.shape, dtype=dtype, device=device).masked_fill_(blocked_new, torch.finfo(dtype).min)
+    prefix_bias = None
+    if prefix.valid is not None:
+        blocked = ~prefix.valid.to(device)[:, None, None, :]
+        prefix_bias = torch.zeros(blocked.shape, dtype=dtype, device=device).masked_fill_(blocked, torch.finfo(dtype).min)
+    return prefix_bias, new_bias[:, None]
+
+
+def attention_bias(
+    new_length: int, prefix: KVPrefix, token_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The two masks of `attention_masks` joined: `[B, 1, n, L + n]` over prefix ⊕ new keys."""
+    prefix_bias, new_bias = attention_masks(new_length, prefix, token_mask, dtype, device)
+    if prefix_bias is None:
+        prefix_bias = torch.zeros(1, 1, 1, prefix.length, dtype=dtype, device=device)
+    batch = max(prefix_bias.shape[0], new_bias.shape[0])
+    prefix_bias = prefix_bias.expand(batch, 1, new_length, prefix.length)
+    return torch.cat([prefix_bias, new_bias.expand(batch, 1, new_length, new_length)], dim=-1)
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prefix_keys: torch.Tensor | None,
+    prefix_values: torch.Tensor | None,
+    masks: tuple[torch.Tensor | None, torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention of queries `[B, heads, n, D]` over a read-only prefix `[B, kv_heads, L, D]` and the
+    new keys/values `[B, kv_heads, n, D]`, with the additive masks of `attention_masks`; → `[B, n, heads * D]`.
+
+    Nothing the size of the prefix is copied: query heads are grouped under the KV head they share instead
+    of repeating K/V, and the softmax over prefix ⊕ new is computed in two parts sharing one shift and one
+    normaliser instead of concatenating keys or scores. The prefix needs no gradient, so backward computes
+    only the queries' share of its matmuls."""
+    batch, heads, n, dim = q.shape
+    kv_heads = k.shape[1]
+    groups = heads // kv_heads
+    prefix_bias, new_bias = masks
+    new_bias = new_bias[:, :, None].expand(-1, -1, groups, -1, -1).reshape(-1, 1, groups * n, n)
+    q = (q * scale).reshape(batch, kv_heads, groups * n, dim)
+
+    def scores(keys: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        s = q @ keys.transpose(-1, -2)
+        return s if bias is None else s + bias
+
+    new_scores = scores(k, new_bias)
+    if prefix_keys is None:
+        out = new_scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype) @ v
+    else:  # the prefix part stays in the matmul's dtype (bf16 under autocast): exp of scores ≤ 0 is in [0, 1]
+        prefix_scores = scores(prefix_keys, prefix_bias)
+        shift = torch.maximum(prefix_scores.amax(-1, keepdim=True), new_scores.amax(-1, keepdim=True)).detach()
+        prefix_weights = prefix_scores.sub_(shift.to(prefix_scores.dtype)).exp_()
+        new_weights = new_scores.sub_(shift.to(new_scores.dtype)).exp_()
+        total = prefix_weights.sum(-1, keepdim=True).float() + new_weights.sum(-1, keepdim=True).float()
+        out = (prefix_weights @ prefix_values + new_weights.to(v.dtype) @ v) / total
+    return out.view(batch, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4).reshape(batch, n, heads * dim)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
 
 class _StopForward(Exception):
     """Raised inside the last needed layer so nothing after its K/V projection is computed."""
 
 
 class _RecordingPrefix:
-    """Duck-typed cache: records the new tokens' K/V and returns prefix ⊕ new, never mutating the prefix."""
+    """Duck-typed cache: records the new tokens' K/V and returns prefix ⊕ new, never mutating the prefix.
 
-    def __init__(self, prefix: KVPrefix, last_layer: int):
+    The model's own attention needs one tensor, so this path copies the prefix every layer and step; the
+    direct path in `FrozenLM.forward_kv` avoids that and is used whenever the architecture allows."""
+
+    def __init__(self, prefix: KVPrefix, last_layer: int, batch: int = 1):
         self.prefix = prefix
         self.last_layer = last_layer
+        self.batch = batch
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
@@ -353,8 +582,9 @@ class _RecordingPrefix:
             raise _StopForward
         if self.prefix.length == 0:
             return key_states, value_states
-        keys = torch.cat([self.prefix.keys[layer_idx].to(key_states.dtype), key_states], dim=2)
-        values = torch.cat([self.prefix.values[layer_idx].to(value_states.dtype), value_states], dim=2)
+        shape = (self.batch, -1, -1, -1)
+        keys = torch.cat([self.prefix.keys[layer_idx].to(key_states.dtype).expand(shape), key_states], dim=2)
+        values = torch.cat([self.prefix.values[layer_idx].to(value_states.dtype).expand(shape), value_states], dim=2)
         return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

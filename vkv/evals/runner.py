@@ -129,11 +129,25 @@ class TranscriptEval:
                            segment.stats if segment is not None else {})
 
     def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
-        """Prune the span's messages as text, re-render the shorter conversation and prefill it verbatim."""
+        """Prune the span's messages as text, re-render the shorter conversation and prefill it verbatim. A
+        question-aware method prunes once per question (query = that question) and is scored on it alone."""
+        if method.question_aware:
+            runs = [self._prune_and_measure(method, ratio, pq.question.question, [pq]) for pq in self.questions]
+        else:
+            runs = [self._prune_and_measure(method, ratio, self.latest_request(), self.questions)]
+        measured = [m for run in runs for m in run["measured"]]
+        entries = round(mean(run["entries"] for run in runs))
+        seconds = sum(run["seconds"] for run in runs)
+        stats = {"text_report": [run["report"] for run in runs]}
+        return self.result(method.name, method.config(), method.question_aware, ratio, entries, measured,
+                           seconds, stats)
+
+    def _prune_and_measure(self, method: TextMethod, ratio: float, query: str,
+                           questions: list[PreparedQuestion]) -> dict[str, Any]:
         first, last = self.turns
         messages = list(self.transcript.messages)
         started = time.perf_counter()
-        contents = method.prune(TextWork(self.lm, messages[first:last], self.latest_request()), ratio)
+        contents = method.prune(TextWork(self.lm, messages[first:last], query), ratio)
         seconds = time.perf_counter() - started
         pruned = [replace(m, content=c if c.strip() else "…") for m, c in zip(messages[first:last], contents)]
         shorter = replace(self.transcript, messages=tuple(messages[:first] + pruned + messages[last:]))
@@ -142,10 +156,10 @@ class TranscriptEval:
         _, cache = capture_span(self.lm, rendered.ids, 0, len(rendered.ids), keep_cache=True)
         spliced = SplicedCache()
         spliced.append(verbatim_segment(cache, 0, len(rendered.ids)))
-        questions = [self._prepare(pq.question, rendered, shorter) for pq in self.questions]
-        measured = self.measure(spliced, questions)
-        return self.result(method.name, method.config(), method.question_aware, ratio, end - start, measured,
-                           seconds, {})
+        prepared = [self._prepare(pq.question, rendered, shorter) for pq in questions]
+        report = {"query": query, "messages": dropped_lines(messages[first:last], contents, first)}
+        return {"measured": self.measure(spliced, prepared), "entries": end - start, "seconds": seconds,
+                "report": report}
 
     def latest_request(self) -> str:
         """The most recent user message up to the span's end: the question-agnostic query for text pruners."""
@@ -178,8 +192,9 @@ class TranscriptEval:
             "config": config,
             "eval": asdict(self.settings),
             "vkv_version": __version__,
-            "optimisation": {k: v for k, v in stats.items() if k != "trace"} if stats else {},
+            "optimisation": {k: v for k, v in stats.items() if k not in ("trace", "text_report")} if stats else {},
             "loss_trace": stats.get("trace", []) if stats else [],
+            **({"text_report": stats["text_report"]} if "text_report" in stats else {}),
             "questions": questions,
             "summary": {
                 "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
@@ -209,6 +224,21 @@ class TranscriptEval:
             "retention": _round(retention(lp, lp_none, lp_full)),
             "fidelity_kl": round(kl_full_to_method(full.fidelity_logp, m.fidelity_logp), 5),
         }
+
+
+def dropped_lines(messages: list, contents: list[str], first: int) -> list[dict[str, Any]]:
+    """Per pruned message: its index, role, lines before and after, and the original lines that did not survive
+    (in order), so a reader sees what a text backend threw away."""
+    import difflib
+
+    report = []
+    for index, (message, content) in enumerate(zip(messages, contents), start=first):
+        before, after = message.content.splitlines(), content.splitlines()
+        matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
+        kept = {i for block in matcher.get_matching_blocks() for i in range(block.a, block.a + block.size)}
+        report.append({"message": index, "role": message.role, "lines": len(before), "lines_kept": len(kept),
+                       "dropped": [line for i, line in enumerate(before) if i not in kept]})
+    return report
 
 
 def _argmax(values: list[float]) -> int:

@@ -15,7 +15,8 @@ def base_transcript(result: dict[str, Any]) -> str:
 def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
-        key = (base_transcript(r) if by_transcript else "*", r["method"], r.get("ratio_requested"))
+        method = r["method"] + (" (question-aware)" if r.get("question_aware") else "")
+        key = (base_transcript(r) if by_transcript else "*", method, r.get("ratio_requested"))
         groups[key].append(r)
     rows = []
     for (transcript, method, ratio), rs in groups.items():

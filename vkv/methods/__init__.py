@@ -7,6 +7,7 @@ from .base import Method, SpanWork
 from .full import Full
 from .hybrid import Hybrid
 from .knorm import KeyNorm
+from .lamr import LaMRMethod
 from .longcodezip import LongCodeZipMethod
 from .none import NoContext
 from .sequential import Sequential
@@ -21,6 +22,7 @@ METHODS: dict[str, type[Method]] = {
     )
 }
 METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)
+METHODS[LaMRMethod.name] = LaMRMethod  # needs a trained checkpoint (issue 8)
 
 
 def get_method(name: str, **options) -> Method:

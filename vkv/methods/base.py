@@ -76,7 +76,14 @@ class TextWork:
 
 class TextMethod(Method):
     """A text-level method: returns each span message's pruned content; the harness re-renders and prefills
-    the shorter conversation and measures the achieved ratio with the generator's tokenizer."""
+    the shorter conversation and measures the achieved ratio with the generator's tokenizer.
+
+    With `query_aware=True` the harness prunes once per evaluation question, with the question as the query:
+    an upper bound that no live agent has, reported with `question_aware: true`."""
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.question_aware = bool(options.get("query_aware", False))
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
         raise NotImplementedError

@@ -6,7 +6,7 @@ class LongCodeZipMethod(TextMethod):
     the latest user request; paragraphs, code fences and lines inside kept messages are pruned by knapsack."""
 
     name = "longcodezip"
-    options_taken = ("settings",)
+    options_taken = ("settings", "query_aware")
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
         from ..backends.longcodezip import LongCodeZip
@@ -17,4 +17,5 @@ class LongCodeZipMethod(TextMethod):
 
     def config(self) -> dict:
         settings = self.options.get("settings")
-        return {"settings": vars(settings) if settings is not None else "defaults"}
+        return {"settings": vars(settings) if settings is not None else "defaults",
+                "query": "each evaluation question" if self.question_aware else "latest user request"}

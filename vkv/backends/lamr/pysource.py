@@ -74,6 +74,13 @@ class Suite:
         return range(first, last + 1)
 
 
+@dataclass(eq=False)
+class TryParts:
+    handlers: list[Unit]
+    orelse: Unit | None
+    final: Unit | None
+
+
 class PySource:
     """Parsed Python source with units, suites, companions and a name resolver."""
 
@@ -87,7 +94,8 @@ class PySource:
         self.header_of: dict[ast.AST, Unit] = {}
         self.suites: list[Suite] = []
         self.companions: dict[Unit, list[Unit]] = {}  # compound header → its clause headers
-        self.required: dict[Unit, list[Unit]] = {}  # try/match header → clauses of which one must stay
+        self.try_parts: dict[Unit, TryParts] = {}  # try header → its clauses (the grammar needs some)
+        self.match_cases: dict[Unit, list[Unit]] = {}  # match header → case clauses (one must stay)
         self.function_returns: dict[Unit, list[Unit]] = {}  # function header → its top-level returns
         self.callers: dict[str, list[Unit]] = {}
         self.module_scope = Scope("module", None)
@@ -178,7 +186,7 @@ class PySource:
         elif isinstance(node, ast.Match):
             cases = [self._case(case, header, scope) for case in node.cases]
             clauses += cases
-            self.required[header] = cases
+            self.match_cases[header] = cases
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and node.orelse:
             clauses.append(self._keyword_clause("else", node, node.body, node.orelse, header, scope))
         if clauses:
@@ -211,16 +219,14 @@ class PySource:
                 scope.bind(handler.name, unit)
             self._suite(unit, handler.body, scope)
             handlers.append(unit)
-        clauses = list(handlers)
+        orelse = final = None
         if node.orelse:
-            clauses.append(self._keyword_clause("else", node, node.handlers[-1].body, node.orelse, header, scope))
+            orelse = self._keyword_clause("else", node, node.handlers[-1].body, node.orelse, header, scope)
         if node.finalbody:
             before = node.orelse or (node.handlers[-1].body if node.handlers else node.body)
             final = self._keyword_clause("finally", node, before, node.finalbody, header, scope)
-            clauses.append(final)
-            handlers.append(final)
-        self.required[header] = handlers
-        return clauses
+        self.try_parts[header] = TryParts(handlers, orelse, final)
+        return handlers + [c for c in (orelse, final) if c is not None]
 
     def _case(self, case: ast.match_case, header: Unit, scope: Scope) -> Unit:
         start = case.pattern.lineno - 1
@@ -316,9 +322,12 @@ def _bind_targets(unit: Unit, node: ast.AST, scope: Scope) -> None:
         for sub in ast.walk(target):
             if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
                 scope.bind(sub.id, unit)
-    for sub in ast.walk(node) if isinstance(node, (ast.Assign, ast.Expr, ast.Return, ast.If, ast.While)) else []:
-        if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
-            scope.bind(sub.target.id, unit)
+    # walrus targets bind in the enclosing scope; for a compound statement only its header expression counts
+    walked = node.test if isinstance(node, (ast.If, ast.While)) else node
+    if isinstance(node, (ast.Assign, ast.Expr, ast.Return, ast.If, ast.While)):
+        for sub in ast.walk(walked):
+            if isinstance(sub, ast.NamedExpr) and isinstance(sub.target, ast.Name):
+                scope.bind(sub.target.id, unit)
 
 
 def _method_class_scope(scope: Scope) -> Scope | None:
@@ -332,7 +341,7 @@ def _colon_lines(text: str) -> list[int]:
     logical line (bracket depth 0; a depth-0 lambda consumes its own colon). Otherwise the line itself."""
     result = list(range(len(split_lines(text))))
     depth, lambdas, waiting = 0, 0, []
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+    for token in tokenize.generate_tokens(io.StringIO(text, newline=None).readline):  # rows as ast counts them
         kind, string, row = token.type, token.string, token.start[0] - 1
         if kind in (tokenize.NEWLINE, tokenize.ENDMARKER):
             depth, lambdas, waiting = 0, 0, []
