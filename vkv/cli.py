@@ -156,17 +156,28 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--patience", type=int, default=d.patience)
     p.add_argument("--seed", type=int, default=d.seed)
+    from .distill import PROBES, DistillConfig
+
+    dd = DistillConfig()
+    p.add_argument("--distill-steps", type=int, default=dd.steps,
+                   help="after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)")
+    p.add_argument("--distill-lr", type=float, default=dd.lr)
+    p.add_argument("--distill-probes", default=",".join(dd.probes), help=f"comma-separated, from {', '.join(PROBES)}")
+    p.add_argument("--distill-tokens", type=int, default=dd.probe_tokens, help="tokens scored per probe")
 
 
 def compress_config_from_args(args: argparse.Namespace):
     from .compress import CompressConfig
+    from .distill import DistillConfig
     from .optimize import OptimConfig
 
     optim = OptimConfig(steps=args.steps, lr=args.lr, init=args.init, loss=args.loss, schedule=args.schedule,
                         patience=args.patience, seed=args.seed).validate()
     ratio = args.ratio if isinstance(args.ratio, float) else 3.2  # eval sets the ratio per run
+    distill = DistillConfig(steps=args.distill_steps, lr=args.distill_lr, probe_tokens=args.distill_tokens,
+                            probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip())).validate()
     return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
-                          boundaries=args.boundaries, optim=optim)
+                          boundaries=args.boundaries, optim=optim, distill=distill)
 
 
 @command("compress")

@@ -16,6 +16,7 @@ import torch
 from .cache import Segment, SplicedCache, verbatim_segment
 from .capture import capture_span
 from .decode import Context
+from .distill import DistillConfig, build_probes, distill
 from .errors import VkvError
 from .model import FrozenLM, KVPrefix
 from .optimize import OptimConfig, optimise
@@ -34,6 +35,7 @@ class CompressConfig:
     target: str = "v"
     boundaries: str = "equal"  # equal token counts, or edges snapped to message and line starts
     optim: OptimConfig = field(default_factory=OptimConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,11 +46,14 @@ class CompressConfig:
         unknown = set(d) - known
         if unknown:
             raise VkvError(f"unknown compression setting(s): {', '.join(sorted(unknown))}")
-        optim = d.get("optim", {})
-        optim_known = {f.name for f in fields(OptimConfig)}
-        if set(optim) - optim_known:
-            raise VkvError(f"unknown optimiser setting(s): {', '.join(sorted(set(optim) - optim_known))}")
-        return cls(**{**d, "optim": OptimConfig(**optim)})
+        nested = {}
+        for name, kind in (("optim", OptimConfig), ("distill", DistillConfig)):
+            given = d.get(name, {})
+            unknown_nested = set(given) - {f.name for f in fields(kind)}
+            if unknown_nested:
+                raise VkvError(f"unknown {name} setting(s): {', '.join(sorted(unknown_nested))}")
+            nested[name] = kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
+        return cls(**{**d, **nested})
 
 
 def line_cuts(lm: FrozenLM, ids: list[int], start: int, end: int, message_starts: list[int]) -> list[int]:
@@ -69,8 +74,10 @@ def virtual_segment(
     message_starts: list[int] | None = None,
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    teacher: KVPrefix | None = None,
 ) -> Segment:
-    """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`."""
+    """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`; with a distillation
+    stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
     start, end = acts.start, acts.end
     k = num_virtual_tokens(end - start, config.ratio)
     if config.boundaries not in BOUNDARIES:
@@ -81,12 +88,20 @@ def virtual_segment(
     targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
     positions = virtual_positions(config.positions, start, end, k)
     result = optimise(lm, prefix, targets, positions, config.optim, on_step=on_step)
+    embeddings, stats = result.embeddings, result.summary()
+    if config.distill.validate().steps:
+        if teacher is None:
+            _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
+            teacher = KVPrefix.from_cache(cache)
+        probes = build_probes(lm, ids, end, teacher, config.distill)
+        embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill)
+        stats["distill"] = {"probe_tokens": [len(p.ids) for p in probes], "initial_kl": trace[0],
+                            "best_kl": min(trace), "trace": trace}
     with torch.no_grad():
-        keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
+        keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
     return Segment(
         "virtual", (start, end),
-        torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, result.embeddings,
-        stats=result.summary(),
+        torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, embeddings, stats=stats,
     )
 
 
@@ -105,7 +120,8 @@ def compress(
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
     acts, full_cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
     prefix = KVPrefix.from_cache(full_cache, start)
-    segment = virtual_segment(lm, ids, acts, prefix, config, message_starts, attention, on_step)
+    segment = virtual_segment(lm, ids, acts, prefix, config, message_starts, attention, on_step,
+                              teacher=KVPrefix.from_cache(full_cache, end))
     spliced = SplicedCache()
     if start > 0:
         spliced.append(verbatim_segment(full_cache, 0, start))

@@ -21,7 +21,7 @@ class VirtualTokens(Method):
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
         prefix = KVPrefix([k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values])
         return virtual_segment(work.lm, work.ids, work.acts, prefix, self.settings(ratio), work.message_starts,
-                               work.attention, on_step)
+                               work.attention, on_step, teacher=work.kv)
 
     def config(self) -> dict:
         return self.settings(1.0).to_dict() | {"ratio": None}

@@ -25,9 +25,19 @@ def compress_keys() -> dict[str, Any]:
     from ..compress import CompressConfig
     from ..optimize import OptimConfig
 
-    top = {f.name: getattr(CompressConfig(), f.name) for f in fields(CompressConfig) if f.name not in ("ratio", "optim")}
+    top = {f.name: getattr(CompressConfig(), f.name) for f in fields(CompressConfig)
+           if f.name not in ("ratio", "optim", "distill")}
     optim = {f.name: getattr(OptimConfig(), f.name) for f in fields(OptimConfig) if f.name != "seed"}
-    return {**top, **optim}
+    return {**top, **optim, **distill_keys()}
+
+
+DISTILL_PREFIX = "distill_"  # DistillConfig fields in a grid: distill_steps, distill_lr, distill_probes, ...
+
+
+def distill_keys() -> dict[str, Any]:
+    from ..distill import DistillConfig
+
+    return {DISTILL_PREFIX + f.name: getattr(DistillConfig(), f.name) for f in fields(DistillConfig)}
 
 
 def eval_keys() -> dict[str, Any]:
@@ -238,8 +248,10 @@ def build_method(point: dict):
     if "compress" in METHODS[name].options_taken:
         top = {f.name for f in fields(CompressConfig)}
         optim = {k: v for k, v in point.items() if k in {f.name for f in fields(OptimConfig)}}
-        config = CompressConfig.from_dict({**{k: v for k, v in point.items() if k in top},
-                                           "optim": {**optim, "seed": point["seed"]}})
+        distill = {k[len(DISTILL_PREFIX):]: v for k, v in point.items() if k in distill_keys()}
+        config = CompressConfig.from_dict({**{k: v for k, v in point.items() if k in top - {"distill"}},
+                                           "optim": {**optim, "seed": point["seed"]}, "distill": distill})
+        config.distill.validate()
         config.optim.validate()
         for what, value, allowed in (("pooling", config.pooling, POOLING_RULES), ("positions", config.positions,
                                      POSITION_SCHEMES), ("target", config.target, TARGET_KINDS),
