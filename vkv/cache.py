@@ -34,6 +34,8 @@ class Segment:
     positions: torch.Tensor  # [entries] float32 logical positions
     embeddings: torch.Tensor | None = None  # [entries, hidden] for virtual segments
     stats: dict[str, Any] = field(default_factory=dict)
+    mass: torch.Tensor | None = None  # [entries] original tokens each entry stands for; later queries add
+    # log(mass) to their attention logits (proportional attention); None: one token each, no bias
 
     @property
     def entries(self) -> int:
@@ -85,6 +87,12 @@ class SplicedCache:
         values = [torch.cat([s.values[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
         return KVPrefix(keys, values)
 
+    def attention_bias(self) -> torch.Tensor | None:
+        """log(mass) per entry `[physical_length]` (0 for entries without a mass); None when no segment has one."""
+        if all(s.mass is None for s in self.segments):
+            return None
+        return torch.cat([torch.zeros(s.entries) if s.mass is None else s.mass.float().log() for s in self.segments])
+
     def to_dynamic_cache(self, lm: FrozenLM):
         """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
         cache = lm.new_cache()
@@ -128,6 +136,8 @@ def save_cache(cache: SplicedCache, path: str | Path) -> None:
         tensors[f"segments.{i}.positions"] = seg.positions.float().contiguous().cpu()
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
+        if seg.mass is not None:
+            tensors[f"segments.{i}.mass"] = seg.mass.float().contiguous().cpu()
     header = {
         "format_version": FORMAT_VERSION,
         "vkv_version": __version__,
@@ -202,5 +212,8 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
                        f"{row.get('entries')}")
     if row.get("kind") not in KINDS:
         raise VkvError(f"{where}.kind: unknown segment kind {row.get('kind')!r}")
+    mass = tensors.get(f"segments.{i}.mass")
+    if mass is not None and (mass.shape != positions.shape or not bool((mass > 0).all())):
+        raise VkvError(f"{where}: mass must hold one positive count per entry, got shape {tuple(mass.shape)}")
     return Segment(row["kind"], tuple(row["span"]), keys, values, positions,
-                   tensors.get(f"segments.{i}.embeddings"), row.get("stats", {}))
+                   tensors.get(f"segments.{i}.embeddings"), row.get("stats", {}), mass)

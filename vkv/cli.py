@@ -149,6 +149,8 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     p.add_argument("--positions", default="interpolate", choices=sorted(POSITION_SCHEMES))
     p.add_argument("--target", default="v", choices=TARGET_KINDS)
     p.add_argument("--boundaries", default="equal", choices=("equal", "lines"))
+    p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=False,
+                   help="later queries add log(tokens per virtual token) to their attention logits")
     p.add_argument("--init", default=d.init, choices=INITS)
     p.add_argument("--loss", default=d.loss, choices=LOSSES)
     p.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
@@ -177,7 +179,8 @@ def compress_config_from_args(args: argparse.Namespace):
     distill = DistillConfig(steps=args.distill_steps, lr=args.distill_lr, probe_tokens=args.distill_tokens,
                             probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip())).validate()
     return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
-                          boundaries=args.boundaries, optim=optim, distill=distill)
+                          boundaries=args.boundaries, proportional_attention=args.proportional_attention,
+                          optim=optim, distill=distill)
 
 
 @command("compress")

@@ -34,6 +34,7 @@ class CompressConfig:
     positions: str = "interpolate"
     target: str = "v"
     boundaries: str = "equal"  # equal token counts, or edges snapped to message and line starts
+    proportional_attention: bool = False  # later queries weigh each virtual token by its block's token count
     optim: OptimConfig = field(default_factory=OptimConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
 
@@ -99,9 +100,10 @@ def virtual_segment(
                             "best_kl": min(trace), "trace": trace}
     with torch.no_grad():
         keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
+    mass = torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32) if config.proportional_attention else None
     return Segment(
         "virtual", (start, end),
-        torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, embeddings, stats=stats,
+        torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, embeddings, stats=stats, mass=mass,
     )
 
 

@@ -21,6 +21,8 @@ class Context:
     def __init__(self, lm: FrozenLM, spliced: SplicedCache):
         self.lm = lm
         self.cache = spliced.to_dynamic_cache(lm)
+        bias = spliced.attention_bias()
+        self.bias = None if bias is None else bias.to(lm.device, lm.dtype)  # [base_length], for every new query
         self.base_length = spliced.physical_length
         self.base_position = spliced.next_position
         self.length = self.base_length
@@ -36,13 +38,19 @@ class Context:
             out = self.lm.model(
                 input_ids=torch.tensor([ids], device=self.lm.device),
                 position_ids=positions[None],
-                attention_mask=self.lm.causal_mask(self.length, n),
+                attention_mask=self._mask(n),
                 past_key_values=self.cache,
                 use_cache=True,
             )
         self.length += n
         self.position += n
         return out.logits[0].float()
+
+    def _mask(self, n: int) -> torch.Tensor:
+        mask = self.lm.causal_mask(self.length, n)
+        if self.bias is not None:
+            mask[..., : self.bias.numel()] += self.bias
+        return mask
 
     def rewind(self, length: int, position: int) -> None:
         self.lm.crop_cache(self.cache, length)
