@@ -18,6 +18,7 @@ for `vkv prune --backend lamr --checkpoint ...`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import resource
 import time
@@ -28,7 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from vkv.backends.lamr.checkpoint import save_checkpoint
+from vkv.backends.lamr.checkpoint import load_checkpoint, read_manifest, save_checkpoint
 from vkv.backends.lamr.cli import build_corpus_files
 from vkv.backends.lamr.dataset import encode
 from vkv.backends.lamr.evaluate import evaluate
@@ -36,7 +37,7 @@ from vkv.backends.lamr.labels import LabelConfig
 from vkv.backends.lamr.model import LaMRConfig, LaMRModel, build_model
 from vkv.backends.lamr.records import read_records
 from vkv.backends.lamr.repair import RepairConfig
-from vkv.backends.lamr.train import TrainConfig, fit
+from vkv.backends.lamr.train import TrainConfig, TrainSummary, fit
 from vkv.home import vkv_home
 
 
@@ -57,6 +58,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--threshold", type=float, default=0.4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reuse", action="store_true",
+                        help="load a variant's checkpoint instead of training it when it was trained with these "
+                             "settings on this corpus (resume after an interruption)")
     args = parser.parse_args()
     console = Console(width=160)  # the table stays readable when the output goes to a log file
     start = time.perf_counter()
@@ -81,6 +85,7 @@ def main() -> None:
     tokens = sum(len(e.chunk.input_ids) for e in train_set.examples + val_set.examples)
     console.print(f"{len(train_set.examples)} train / {len(val_set.examples)} validation sequences, {tokens} tokens")
 
+    corpus_hash = hashlib.sha256(corpus.read_bytes() + val_corpus.read_bytes()).hexdigest()
     base = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, crf_lr_scale=args.crf_lr_scale,
                        bf16_autocast=True, seed=args.seed)
     runs = {}
@@ -89,11 +94,15 @@ def main() -> None:
         ("semantic-dependency", lamr, base),
     ]:
         console.rule(name)
-        summary = fit(model, train_set, val_set, config, log=console.print)
-        save_checkpoint(model, args.out / name, {
-            "training": summary.to_dict(), "train_config": asdict(config), "label_config": asdict(labels),
-            "data": str(corpus), "val_data": str(val_corpus),
-        })
+        extra = {"train_config": asdict(config), "label_config": asdict(labels), "data": str(corpus),
+                 "val_data": str(val_corpus), "corpus_sha256": corpus_hash}
+        reused = _reusable(args.out / name, model, extra) if args.reuse else None
+        if reused is not None:
+            console.print(f"reusing {args.out / name} (same settings and corpus)")
+            model, summary = reused
+        else:
+            summary = fit(model, train_set, val_set, config, log=console.print)
+            save_checkpoint(model, args.out / name, {"training": summary.to_dict(), **extra})
         runs[name] = (model, summary)
 
     rows = [
@@ -125,6 +134,20 @@ def main() -> None:
     (args.out / "ablation.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                          "minutes": minutes, "cpu_minutes": cpu_minutes,
                                                          "results": results}, indent=2) + "\n")
+
+
+def _reusable(directory: Path, model: LaMRModel, extra: dict):
+    """(model, summary) from a checkpoint trained with the same model config, training settings and corpus."""
+    try:
+        _, manifest = read_manifest(directory)
+    except Exception:  # absent or unreadable: train instead
+        return None
+    same = manifest.get("config") == model.config.to_dict() and all(
+        json.loads(json.dumps(manifest.get(k))) == json.loads(json.dumps(v)) for k, v in extra.items())
+    if not same:
+        return None
+    loaded, _ = load_checkpoint(directory, model.device)
+    return loaded, TrainSummary(**manifest["training"])
 
 
 def _fraction(value: float | None) -> str:
