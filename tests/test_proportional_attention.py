@@ -53,5 +53,6 @@ def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, 
     loaded = load_cache(tmp_path / "c.safetensors")
     torch.testing.assert_close(loaded.attention_bias(), spliced.attention_bias())
     assert spliced.attention_bias()[:start].abs().max() == 0
-    off = compress(tiny_llama, rendered.ids, start, end, CompressConfig(ratio=3.0, optim=OptimConfig(steps=1)))
+    off = compress(tiny_llama, rendered.ids, start, end,
+                   CompressConfig(ratio=3.0, proportional_attention=False, optim=OptimConfig(steps=1)))
     assert off.segments[1].mass is None and off.attention_bias() is None

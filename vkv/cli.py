@@ -149,7 +149,7 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     p.add_argument("--positions", default="interpolate", choices=sorted(POSITION_SCHEMES))
     p.add_argument("--target", default="v", choices=TARGET_KINDS)
     p.add_argument("--boundaries", default="equal", choices=("equal", "lines"))
-    p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=False,
+    p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="later queries add log(tokens per virtual token) to their attention logits")
     p.add_argument("--init", default=d.init, choices=INITS)
     p.add_argument("--loss", default=d.loss, choices=LOSSES)

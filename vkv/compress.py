@@ -34,7 +34,8 @@ class CompressConfig:
     positions: str = "interpolate"
     target: str = "v"
     boundaries: str = "equal"  # equal token counts, or edges snapped to message and line starts
-    proportional_attention: bool = False  # later queries weigh each virtual token by its block's token count
+    proportional_attention: bool = True  # later queries weigh each virtual token by its block's token count
+    # (evals/RESULTS.md: retention 0.36 → 0.51 at 3.2× on the screen, better on every transcript)
     optim: OptimConfig = field(default_factory=OptimConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
 
