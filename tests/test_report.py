@@ -70,6 +70,8 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
     md = (out / "report.md").read_text()
     assert "| vkv pooling=surprisal | 2.0 | 2.00 | 1 | 3 | 0 | 1.000 |" in md
     assert "7 finished runs" in md and "## Failed runs" in md
+    # per transcript: retention of vkv pooling=surprisal at 2× is (1 + 1 + 1) / 3, choice accuracy 1
+    assert "| vkv pooling=surprisal | 2.0 | 1.000 / 1.00 |" in md and "| method | ratio | t |" in md
 
 
 def test_report_on_an_empty_directory_says_what_to_do(tmp_path):

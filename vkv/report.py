@@ -130,6 +130,22 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
+def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
+    """(transcripts, (variant, ratio) rows in table order, {(variant, ratio, transcript): pooled row}): each
+    transcript's windows pooled as in `vkv eval`."""
+    from .evals.summary import aggregate, base_transcript
+
+    grouped: dict[tuple, list[dict]] = defaultdict(list)
+    for line in results.lines:
+        result = line["result"]
+        grouped[(line["variant"], result["ratio_requested"], base_transcript(result))].append(result)
+    cells = {key: aggregate([{**r, "method": key[0]} for r in group])[0] for key, group in grouped.items()}
+    transcripts = sorted({key[2] for key in cells})
+    order = {(r["variant"], r["ratio_requested"]): i for i, r in enumerate(rows(results))}
+    keys = sorted({key[:2] for key in cells}, key=lambda k: order.get(k, len(order)))
+    return transcripts, keys, cells
+
+
 def per_question(results: SweepResults, metric: str = "keyword_correct") -> tuple[list[str], list[str], list[list]]:
     """(columns, rows, fractions): per window/question, the share of runs answering correctly per variant × ratio.
     Rows: questions the full context answers first, and among them those that survive most compression first,
@@ -326,6 +342,14 @@ def markdown(results: SweepResults, table_rows: list[dict], images: list[str]) -
         out += ["", captions[image], "", f"![{image}]({image})"]
     if not images:
         out += ["", "_No plots: install matplotlib (`pip install 'vkv[plots]'`)._"]
+    transcripts, keys, cells = per_transcript(results)
+    out += ["", "## Per transcript", "", "Mean retention / choice accuracy, each transcript's windows pooled.", "",
+            "| method | ratio | " + " | ".join(transcripts) + " |", "|---|---:|" + "---:|" * len(transcripts)]
+    for variant, ratio in keys:
+        row = [cells.get((variant, ratio, t)) for t in transcripts]
+        out.append(f"| {variant} | {'—' if ratio is None else format(ratio, '.1f')} | " + " | ".join(
+            "—" if c is None else f"{_cell(c, 'mean_retention', '.3f')} / {_cell(c, 'choice_accuracy', '.2f')}"
+            for c in row) + " |")
     cols, names, grid = per_question(results)
     out += ["", "## Per question (keyword-correct share)", "", "| window / question | " + " | ".join(cols) + " |",
             "|---|" + "---:|" * len(cols)]
