@@ -126,6 +126,8 @@ def test_sequential_method_splices_one_segment_per_message(evaluation):
     rows = result["optimisation"]["turns"]
     assert result["compressed_entries"] == round(span / 3.0) == sum(r["entries"] for r in rows)
     assert len(result["optimisation"]["turns"]) == 5 and len(result["questions"]) == 2
+    first, last = evaluation.turns
+    assert [r["role"] for r in rows] == [m.role for m in evaluation.transcript.messages[first:last]]
     group = get_method("sequential", compress=FAST).compress(evaluation.work, 3.0)
     assert isinstance(group, SegmentGroup) and len(group) == 5
     assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries

@@ -69,7 +69,8 @@ class TranscriptEval:
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
         acts, cache = capture_span(lm, self.rendered.ids, self.start, self.end, keep_cache=True)
         self.work = SpanWork(lm, list(self.rendered.ids), self.start, self.end, KVPrefix.from_cache(cache), acts,
-                             [s.start for s in self.rendered.spans], seed=self.settings.seed)
+                             [s.start for s in self.rendered.spans], seed=self.settings.seed,
+                             message_roles=[m.role for m in transcript.messages])
         self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none = self.measure(self.splice(None))
 

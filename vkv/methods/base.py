@@ -30,6 +30,7 @@ class SpanWork:
     message_starts: list[int]
     seed: int = 0
     attention: torch.Tensor | None = None  # only for explicitly question-aware variants
+    message_roles: list[str] | None = None  # role of each message, parallel to message_starts
 
     @property
     def span_length(self) -> int:

@@ -28,7 +28,7 @@ class Sequential(Method):
         cache = SplicedCache()
         if work.start > 0:
             cache.append(verbatim_segment(work.kv, 0, work.start))
-        turns = message_turns(work.message_starts, None, work.start, work.end)
+        turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
         segments = compress_turns(work.lm, work.ids, turns, cache, config, FullHistory(work.acts, work.kv),
                                   work.message_starts)
         rows = cache_rows(SplicedCache(segments))
