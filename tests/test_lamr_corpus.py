@@ -1,6 +1,7 @@
 """The synthetic corpus: real stdlib snippets, evidence-only kept lines, file-disjoint splits."""
 
 import ast
+from pathlib import Path
 
 from vkv.backends.lamr.corpus import CorpusConfig, build_corpus, default_sources, is_validation_file, python_files
 from vkv.backends.lamr.labels import rubric_labels
@@ -41,3 +42,12 @@ def test_split_is_by_file_and_deterministic():
     assert first == again
     excluded = build_corpus(files[:30], 10, CorpusConfig(seed=1), exclude_codes={r.code for r in first})
     assert not {r.code for r in excluded} & {r.code for r in first}
+
+
+def test_split_does_not_depend_on_where_the_tree_lives(tmp_path):
+    names = [Path(f"pkg/mod_{i}.py") for i in range(40)]
+    for root in (tmp_path / "a", tmp_path / "elsewhere" / "b"):
+        root.mkdir(parents=True)
+    here = [is_validation_file(tmp_path / "a" / n, 0.3, tmp_path / "a") for n in names]
+    there = [is_validation_file(tmp_path / "elsewhere" / "b" / n, 0.3, tmp_path / "elsewhere" / "b") for n in names]
+    assert here == there and 0 < sum(here) < len(names)

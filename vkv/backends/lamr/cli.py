@@ -92,7 +92,10 @@ def build_corpus_files(
         raise VkvError(f"no Python files found under {', '.join(map(str, roots))}")
     config = CorpusConfig(min_lines=min_lines, max_lines=max_lines, per_file=per_file,
                           queries_per_snippet=queries_per_snippet, seed=seed)
-    val_files = [f for f in files if is_validation_file(f, val_fraction)] if val_out else []
+    def root_of(f: Path) -> Path | None:
+        return next((r for r in roots if r.is_dir() and f.is_relative_to(r)), None)
+
+    val_files = [f for f in files if is_validation_file(f, val_fraction, root_of(f))] if val_out else []
     train_files = [f for f in files if f not in set(val_files)]
     val = build_corpus(val_files, val_records, config) if val_out else []
     train = build_corpus(train_files, records, config, exclude_codes={r.code for r in val})

@@ -69,8 +69,11 @@ def python_files(sources: list[Path]) -> list[Path]:
     return sorted(set(files))
 
 
-def is_validation_file(path: Path, val_fraction: float) -> bool:
-    digest = hashlib.sha256(str(path).encode()).digest()
+def is_validation_file(path: Path, val_fraction: float, root: Path | None = None) -> bool:
+    """A stable split by a hash of the path (relative to `root` when given, so the split does not depend on
+    where the source tree lives)."""
+    name = path.relative_to(root) if root is not None and root.is_dir() and path.is_relative_to(root) else path
+    digest = hashlib.sha256(str(name).encode()).digest()
     return int.from_bytes(digest[:4], "big") / 2**32 < val_fraction
 
 
