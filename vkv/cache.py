@@ -95,13 +95,7 @@ class SplicedCache:
 
     def to_dynamic_cache(self, lm: FrozenLM):
         """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
-        cache = lm.new_cache()
-        if not self.segments:
-            return cache
-        kv = self.kv()
-        for layer, (k, v) in enumerate(zip(kv.keys, kv.values)):
-            cache.update(k.to(lm.device, lm.dtype), v.to(lm.device, lm.dtype), layer)
-        return cache
+        return self.kv().to_dynamic_cache(lm) if self.segments else lm.new_cache()
 
     def span_entries(self, start: int, end: int) -> int:
         """Entries standing for original tokens inside [start, end)."""

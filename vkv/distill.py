@@ -97,9 +97,7 @@ def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
 
 def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) -> torch.Tensor:
     """Log-probabilities `[len(ids), vocab]` of the tokens after each of `ids`, fed at `position` on `context`."""
-    cache = lm.new_cache()
-    for layer, (k, v) in enumerate(zip(context.keys, context.values)):
-        cache.update(k.to(lm.dtype), v.to(lm.dtype), layer)
+    cache = context.to_dynamic_cache(lm)
     n = len(ids)
     out = lm.model(
         input_ids=torch.tensor([ids], device=lm.device),

@@ -463,6 +463,14 @@ class KVPrefix:
         valid = None if self.valid is None else self.valid.to(device)
         return KVPrefix([k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid)
 
+    def to_dynamic_cache(self, lm: "FrozenLM"):
+        """A transformers DynamicCache holding these entries on the model's device and dtype (autograd-tracked
+        when the entries are)."""
+        cache = lm.new_cache()
+        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+            cache.update(k.to(lm.device, lm.dtype), v.to(lm.device, lm.dtype), layer)
+        return cache
+
     @classmethod
     def stack(cls, prefixes: list["KVPrefix"]) -> "KVPrefix":
         """One batch of prefixes, right-padded to the longest (a single copy, made once)."""
