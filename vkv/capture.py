@@ -25,6 +25,7 @@ class Activations:
     surprisal: torch.Tensor  # [span], nats; -log p(token | prefix); NaN for a sequence's first token
     start: int
     end: int
+    queries_pre_rope: torch.Tensor | None = None  # [layers, heads, span, head_dim] when asked for
 
     @property
     def length(self) -> int:
@@ -32,9 +33,9 @@ class Activations:
 
 
 @contextmanager
-def projection_hooks(lm: FrozenLM, start: int, end: int) -> Iterator[dict[str, list[torch.Tensor]]]:
-    """Record each layer's V and pre-RoPE K for positions [start, end) of the next forward pass."""
-    store: dict[str, list[torch.Tensor]] = {"values": [], "keys_pre_rope": []}
+def projection_hooks(lm: FrozenLM, start: int, end: int, queries: bool = False) -> Iterator[dict[str, list[torch.Tensor]]]:
+    """Record each layer's V and pre-RoPE K (and Q) for positions [start, end) of the next forward pass."""
+    store: dict[str, list[torch.Tensor]] = {"values": [], "keys_pre_rope": [], "queries_pre_rope": []}
     head_dim = lm.spec.head_dim
 
     def recorder(kind: str):
@@ -51,16 +52,21 @@ def projection_hooks(lm: FrozenLM, start: int, end: int) -> Iterator[dict[str, l
             key_module = getattr(attn, "k_norm", None) or attn.k_proj  # pre-RoPE K is after any key norm
             handles.append(attn.v_proj.register_forward_hook(recorder("values")))
             handles.append(key_module.register_forward_hook(recorder("keys_pre_rope")))
+            if queries:
+                query_module = getattr(attn, "q_norm", None) or attn.q_proj
+                handles.append(query_module.register_forward_hook(recorder("queries_pre_rope")))
         yield store
     finally:
         for h in handles:
             h.remove()
 
 
-def capture_span(lm: FrozenLM, ids: torch.Tensor | list[int], start: int, end: int, keep_cache: bool = False):
+def capture_span(lm: FrozenLM, ids: torch.Tensor | list[int], start: int, end: int, keep_cache: bool = False,
+                 queries: bool = False):
     """One forward pass over ids[:end]; returns (Activations for [start, end), the KV cache or None).
 
-    With keep_cache the DynamicCache of all `end` tokens is returned too (crop it to `start` for a prefix).
+    With keep_cache the DynamicCache of all `end` tokens is returned too (crop it to `start` for a prefix);
+    with queries the span's pre-RoPE queries are kept as well (for attention-output targets).
     """
     ids_t = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
     if not 0 <= start < end <= ids_t.numel():
@@ -68,7 +74,7 @@ def capture_span(lm: FrozenLM, ids: torch.Tensor | list[int], start: int, end: i
     input_ids = ids_t[:end].unsqueeze(0).to(lm.device)
     keep_logits = end - start + (1 if start > 0 else 0)
     cache = lm.new_cache() if keep_cache else None
-    with torch.no_grad(), projection_hooks(lm, start, end) as store:
+    with torch.no_grad(), projection_hooks(lm, start, end, queries) as store:
         out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=keep_cache, logits_to_keep=keep_logits)
     surprisal = _surprisal(out.logits[0], input_ids[0], start, end)
     acts = Activations(
@@ -77,6 +83,7 @@ def capture_span(lm: FrozenLM, ids: torch.Tensor | list[int], start: int, end: i
         surprisal=surprisal,
         start=start,
         end=end,
+        queries_pre_rope=torch.stack(store["queries_pre_rope"]) if queries else None,
     )
     return acts, cache
 

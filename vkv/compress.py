@@ -87,7 +87,9 @@ def virtual_segment(
     cuts = line_cuts(lm, ids, start, end, message_starts or []) if config.boundaries == "lines" else None
     blocks = partition(end - start, k, cuts)
     weights = block_weights(config.pooling, blocks, acts.surprisal, attention)
-    targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
+    if config.target == "v+attention" and acts.queries_pre_rope is None:  # one more forward, only when needed
+        acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
+    targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target, config.proportional_attention)
     positions = virtual_positions(config.positions, start, end, k)
     result = optimise(lm, prefix, targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()

@@ -146,9 +146,9 @@ def hybrid_segment(
     """`budget` entries for ids[acts.start:acts.end]: kept tokens' real K/V (`span_kv` holds the span's own
     K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position."""
     config.validate()
-    if compress.target == "kv-post-rope":
-        raise VkvError("hybrid compression pools the remaining tokens out of order, so it supports targets "
-                       "v and kv-pre-rope, not kv-post-rope")
+    if compress.target in ("kv-post-rope", "v+attention"):
+        raise VkvError(f"hybrid compression pools the remaining tokens out of order, so it supports targets "
+                       f"v and kv-pre-rope, not {compress.target}")
     start, end = acts.start, acts.end
     share = verbatim_share(end - start, budget, config)
     if share.capped:

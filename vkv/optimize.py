@@ -19,7 +19,7 @@ import torch
 
 from .errors import VkvError
 from .model import FrozenLM, KVPrefix
-from .targets import Targets
+from .targets import AttentionTargets, Targets
 
 INITS = ("pooled", "random", "mean", "lstsq")
 LOSSES = ("mse", "cosine")
@@ -85,13 +85,18 @@ class OptimResult:
 
 
 def layer_losses(keys: list[torch.Tensor], values: list[torch.Tensor], targets: Targets, loss: str) -> torch.Tensor:
-    """Per-layer loss `[layers]` between the virtual tokens' K/V (lists of `[1, H, k, D]`) and the targets."""
+    """Per-layer loss `[layers]` between the virtual tokens' K/V (lists of `[1, H, k, D]`, keys post-RoPE
+    unless the target is pre-RoPE) and the targets, read-out error included for attention targets."""
     device = values[0].device
     v = torch.cat(values).float()  # [layers, H, k, D]
     per_layer = _distance(v, targets.values.to(device), targets.value_scale.to(device), loss)
     if targets.keys is not None:
         k = torch.cat(keys).float()
         per_layer = 0.5 * (per_layer + _distance(k, targets.keys.to(device), targets.key_scale.to(device), loss))
+    if targets.attention is not None:
+        attention = _AttentionBatch.build([targets.attention], targets.k, device)
+        per_layer = per_layer + _attention_distance(torch.cat(keys).float()[None], v[None], attention,
+                                                    targets.value_scale.to(device)[None])[0]
     return per_layer
 
 
@@ -117,6 +122,58 @@ def _masked_distance(x, target, scale, loss: str, token_mask: torch.Tensor | Non
     return (squared * weight).sum(dim=(2, 3)) / (count[..., 0] * x.shape[-1]) / scale
 
 
+def _attention_distance(keys: torch.Tensor, values: torch.Tensor, target: "_AttentionBatch",
+                        value_scale: torch.Tensor) -> torch.Tensor:
+    """Per-layer read-out error `[B, layers]` of virtual keys/values `[B, layers, kv_heads, n, D]` (post-RoPE):
+    the output error (variance-normalised like the V loss) plus the squared log-normaliser error, in nats²,
+    averaged over the reference queries."""
+    depth = keys.shape[1]
+    scores = target.queries[:, :depth] @ keys.transpose(-1, -2) + target.log_mass[:, None, None, None, :]
+    outputs = scores.softmax(-1) @ values
+    output_error = (outputs - target.outputs[:, :depth]).pow(2).mean(-1) / value_scale[:, :depth, None, None]
+    norm_error = (scores.logsumexp(-1) - target.log_norm[:, :depth]).pow(2)
+    error = output_error + norm_error  # [B, layers, kv_heads, queries]
+    if target.query_mask is None:
+        return error.mean(dim=(2, 3))
+    weight = target.query_mask.to(error.dtype)[:, None, None, :]
+    return (error * weight).sum(dim=(2, 3)) / (weight.sum(-1) * error.shape[2])
+
+
+@dataclass
+class _AttentionBatch:
+    """`AttentionTargets` of a batch, padded: absent virtual tokens get log-mass -inf (never read), absent
+    reference queries a False `query_mask`."""
+
+    queries: torch.Tensor  # [B, layers, kv_heads, q, D]
+    outputs: torch.Tensor  # [B, layers, kv_heads, q, D]
+    log_norm: torch.Tensor  # [B, layers, kv_heads, q]
+    log_mass: torch.Tensor  # [B, n]
+    query_mask: torch.Tensor | None  # [B, q]
+
+    @classmethod
+    def build(cls, targets: list[AttentionTargets], n: int, device: torch.device) -> "_AttentionBatch":
+        counts = [t.count for t in targets]
+        q = max(counts)
+
+        def pad(x: torch.Tensor, dim: int, size: int, fill: float = 0.0) -> torch.Tensor:
+            shape = list(x.shape)
+            shape[dim] = size - x.shape[dim]
+            return torch.cat([x.float(), x.new_full(shape, fill).float()], dim=dim)
+
+        return cls(
+            queries=torch.stack([pad(t.queries, 2, q) for t in targets]).to(device),
+            outputs=torch.stack([pad(t.outputs, 2, q) for t in targets]).to(device),
+            log_norm=torch.stack([pad(t.log_norm, 2, q) for t in targets]).to(device),
+            log_mass=torch.stack([pad(t.log_mass, 0, n, float("-inf")) for t in targets]).to(device),
+            query_mask=None if len(set(counts)) == 1 else (torch.arange(q)[None] < torch.tensor(counts)[:, None]).to(device),
+        )
+
+    def select(self, index: torch.Tensor, n: int) -> "_AttentionBatch":
+        mask = None if self.query_mask is None else self.query_mask[index]
+        return _AttentionBatch(self.queries[index], self.outputs[index], self.log_norm[index],
+                               self.log_mass[index, :n], None if mask is None or bool(mask.all()) else mask)
+
+
 # ---- a batch of problems --------------------------------------------------------------------------
 
 
@@ -133,6 +190,7 @@ class _Batch:
     key_scale: torch.Tensor | None
     kind: str
     sizes: list[int]
+    attention: _AttentionBatch | None = None
 
     @classmethod
     def build(cls, lm: FrozenLM, problems: list[tuple[KVPrefix, Targets, torch.Tensor]],
@@ -156,6 +214,7 @@ class _Batch:
         targets = [t for _, t, _ in problems]
         positions = [p.float().reshape(-1) for _, _, p in problems]
         with_keys = targets[0].keys is not None
+        with_attention = targets[0].attention is not None
         return cls(
             prefix=prefix.to(dev, prefix_dtype or lm.dtype),
             positions=padded([p for p in positions], 0, fill=0.0),
@@ -166,6 +225,7 @@ class _Batch:
             key_scale=torch.stack([t.key_scale.float() for t in targets]).to(dev) if with_keys else None,
             kind=targets[0].kind,
             sizes=sizes,
+            attention=_AttentionBatch.build([t.attention for t in targets], n, dev) if with_attention else None,
         )
 
     def select(self, rows: list[int]) -> "_Batch":
@@ -189,17 +249,22 @@ class _Batch:
             key_scale=None if self.key_scale is None else self.key_scale[index],
             kind=self.kind,
             sizes=[self.sizes[r] for r in rows],
+            attention=None if self.attention is None else self.attention.select(index, n),
         )
 
     def per_layer_losses(self, lm: FrozenLM, embeddings: torch.Tensor, loss: str, last_layer: int) -> torch.Tensor:
         """Per-problem, per-layer loss `[B, last_layer + 1]` of embeddings `[B, n, hidden]`."""
         keys, values = lm.forward_kv(
             embeddings, self.positions, self.prefix, last_layer=last_layer, token_mask=self.token_mask,
-            last_keys=self.keys is not None, rope_keys=self.kind != "kv-pre-rope",
+            last_keys=self.keys is not None or self.attention is not None, rope_keys=self.kind != "kv-pre-rope",
         )
         depth = last_layer + 1
-        per_layer = _masked_distance(torch.stack(values, 1).float(), self.values[:, :depth],
+        stacked_values = torch.stack(values, 1).float()
+        per_layer = _masked_distance(stacked_values, self.values[:, :depth],
                                      self.value_scale[:, :depth], loss, self.token_mask)
+        if self.attention is not None:
+            per_layer = per_layer + _attention_distance(torch.stack(keys, 1).float(), stacked_values,
+                                                        self.attention, self.value_scale)
         if self.keys is not None:
             key_loss = _masked_distance(torch.stack(keys, 1).float(), self.keys[:, :depth],
                                         self.key_scale[:, :depth], loss, self.token_mask)

@@ -50,6 +50,8 @@ class MultiTurnConfig:
             raise VkvError(f"unknown --targets '{self.targets}'; choose one of {', '.join(TARGET_MODES)}")
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
+        if self.compress.target == "v+attention":  # online targets would need queries from the compressed history
+            raise VkvError("target v+attention is not implemented for sequential compression; use v or kv-pre-rope")
         self.compress.optim.validate()
         if self.hybrid is not None:
             self.hybrid.validate()
