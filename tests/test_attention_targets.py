@@ -44,6 +44,8 @@ def test_the_original_tokens_have_no_readout_error_and_a_wrong_mass_does(tiny):
     targets.attention.log_mass = torch.full((end - start,), math.log(2.0))  # every entry counted twice
     doubled = layer_losses(keys, values, targets, "mse")
     torch.testing.assert_close(doubled, torch.full_like(doubled, math.log(2.0) ** 2), rtol=1e-4, atol=1e-5)
+    targets.attention.weight = 0.25
+    torch.testing.assert_close(layer_losses(keys, values, targets, "mse"), 0.25 * doubled)
 
 
 def test_log_mass_follows_proportional_attention(tiny_llama):

@@ -148,6 +148,8 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     p.add_argument("--pooling", default="surprisal", choices=sorted(POOLING_RULES))
     p.add_argument("--positions", default="interpolate", choices=sorted(POSITION_SCHEMES))
     p.add_argument("--target", default="v", choices=TARGET_KINDS)
+    p.add_argument("--attention-weight", type=float, default=1.0,
+                   help="with --target v+attention: weight of the read-out error next to the V loss")
     p.add_argument("--boundaries", default="equal", choices=("equal", "lines"))
     p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="later queries add log(tokens per virtual token) to their attention logits")
@@ -180,7 +182,7 @@ def compress_config_from_args(args: argparse.Namespace):
                             probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip())).validate()
     return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
                           boundaries=args.boundaries, proportional_attention=args.proportional_attention,
-                          optim=optim, distill=distill)
+                          attention_weight=args.attention_weight, optim=optim, distill=distill)
 
 
 @command("compress")

@@ -33,6 +33,7 @@ class CompressConfig:
     pooling: str = "surprisal"
     positions: str = "interpolate"
     target: str = "v"
+    attention_weight: float = 1.0  # target v+attention: weight of the read-out error next to the V loss
     boundaries: str = "equal"  # equal token counts, or edges snapped to message and line starts
     proportional_attention: bool = True  # later queries weigh each virtual token by its block's token count
     # (evals/RESULTS.md: retention 0.36 → 0.51 at 3.2× on the screen, better on every transcript)
@@ -89,7 +90,8 @@ def virtual_segment(
     weights = block_weights(config.pooling, blocks, acts.surprisal, attention)
     if config.target == "v+attention" and acts.queries_pre_rope is None:  # one more forward, only when needed
         acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
-    targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target, config.proportional_attention)
+    targets = build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target, config.proportional_attention,
+                            attention_weight=config.attention_weight)
     positions = virtual_positions(config.positions, start, end, k)
     result = optimise(lm, prefix, targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()

@@ -134,9 +134,9 @@ def _attention_distance(keys: torch.Tensor, values: torch.Tensor, target: "_Atte
     norm_error = (scores.logsumexp(-1) - target.log_norm[:, :depth]).pow(2)
     error = output_error + norm_error  # [B, layers, kv_heads, queries]
     if target.query_mask is None:
-        return error.mean(dim=(2, 3))
-    weight = target.query_mask.to(error.dtype)[:, None, None, :]
-    return (error * weight).sum(dim=(2, 3)) / (weight.sum(-1) * error.shape[2])
+        return error.mean(dim=(2, 3)) * target.weight[:, None]
+    mask = target.query_mask.to(error.dtype)[:, None, None, :]
+    return (error * mask).sum(dim=(2, 3)) / (mask.sum(-1) * error.shape[2]) * target.weight[:, None]
 
 
 @dataclass
@@ -149,6 +149,7 @@ class _AttentionBatch:
     log_norm: torch.Tensor  # [B, layers, kv_heads, q]
     log_mass: torch.Tensor  # [B, n]
     query_mask: torch.Tensor | None  # [B, q]
+    weight: torch.Tensor  # [B]
 
     @classmethod
     def build(cls, targets: list[AttentionTargets], n: int, device: torch.device) -> "_AttentionBatch":
@@ -166,12 +167,14 @@ class _AttentionBatch:
             log_norm=torch.stack([pad(t.log_norm, 2, q) for t in targets]).to(device),
             log_mass=torch.stack([pad(t.log_mass, 0, n, float("-inf")) for t in targets]).to(device),
             query_mask=None if len(set(counts)) == 1 else (torch.arange(q)[None] < torch.tensor(counts)[:, None]).to(device),
+            weight=torch.tensor([t.weight for t in targets], dtype=torch.float32, device=device),
         )
 
     def select(self, index: torch.Tensor, n: int) -> "_AttentionBatch":
         mask = None if self.query_mask is None else self.query_mask[index]
         return _AttentionBatch(self.queries[index], self.outputs[index], self.log_norm[index],
-                               self.log_mass[index, :n], None if mask is None or bool(mask.all()) else mask)
+                               self.log_mass[index, :n], None if mask is None or bool(mask.all()) else mask,
+                               self.weight[index])
 
 
 # ---- a batch of problems --------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class AttentionTargets:
     outputs: torch.Tensor  # [layers, kv_heads, group * n, head_dim]
     log_norm: torch.Tensor  # [layers, kv_heads, group * n] logsumexp of the scores over the span's keys
     log_mass: torch.Tensor  # [k] added to each virtual token's logits (log of its block size, or zeros)
+    weight: float = 1.0  # of the read-out error, relative to the V loss
 
     @property
     def count(self) -> int:
@@ -59,7 +60,7 @@ class Targets:
 
 def build_targets(
     lm: FrozenLM, ids: torch.Tensor, acts: Activations, blocks: Blocks, weights: torch.Tensor, kind: str = "v",
-    proportional_attention: bool = True, attention_queries: int = ATTENTION_QUERIES,
+    proportional_attention: bool = True, attention_queries: int = ATTENTION_QUERIES, attention_weight: float = 1.0,
 ) -> Targets:
     if kind not in TARGET_KINDS:
         raise VkvError(f"unknown target '{kind}'; choose one of {', '.join(TARGET_KINDS)}")
@@ -68,7 +69,7 @@ def build_targets(
     if kind == "v+attention":
         sizes = torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32)
         log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
-        attention = attention_targets(lm, acts, log_mass, attention_queries)
+        attention = attention_targets(lm, acts, log_mass, attention_queries, attention_weight)
     elif kind != "v":
         original_keys = acts.keys_pre_rope
         if kind == "kv-post-rope":  # the recipe's Failure 2: averages keys rotated to different positions
@@ -92,12 +93,15 @@ def build_targets(
     )
 
 
-def attention_targets(lm: FrozenLM, acts: Activations, log_mass: torch.Tensor, num_queries: int) -> AttentionTargets:
+def attention_targets(lm: FrozenLM, acts: Activations, log_mass: torch.Tensor, num_queries: int,
+                      weight: float = 1.0) -> AttentionTargets:
     """`AttentionTargets` from `num_queries` evenly spaced tokens of the span (every head of each)."""
     if acts.queries_pre_rope is None:
         raise VkvError("attention targets need the span's queries; capture the span with queries=True")
     if num_queries < 1:
         raise VkvError(f"attention targets need at least one reference query, got {num_queries}")
+    if not weight >= 0:
+        raise VkvError(f"the attention read-out weight must be ≥ 0, got {weight}")
     picked = torch.linspace(0, acts.length - 1, min(num_queries, acts.length)).round().long().unique()
     layers, heads, _, dim = acts.queries_pre_rope.shape
     kv_heads = acts.values.shape[1]
@@ -112,7 +116,7 @@ def attention_targets(lm: FrozenLM, acts: Activations, log_mass: torch.Tensor, n
         queries.append(q)
         log_norms.append(scores.logsumexp(-1))
         outputs.append(scores.softmax(-1) @ acts.values[layer])
-    return AttentionTargets(torch.stack(queries), torch.stack(outputs), torch.stack(log_norms), log_mass)
+    return AttentionTargets(torch.stack(queries), torch.stack(outputs), torch.stack(log_norms), log_mass, weight)
 
 
 def _per_layer_variance(x: torch.Tensor) -> torch.Tensor:
