@@ -86,3 +86,17 @@ def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
     with pytest.raises(VkvError, match="not v\\+attention"):
         hybrid_segment(tiny_llama, ids, acts, span_kv, KVPrefix.from_cache(cache, start), 5,
                        CompressConfig(target="v+attention"), HybridConfig(0.2))
+
+
+def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_path, tmp_path, test_model_dir):
+    from vkv.cache import load_cache
+    from vkv.cli import main
+
+    out = tmp_path / "c.safetensors"
+    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--ratio", "3.2",
+                 "--span", "turns:3-4", "--steps", "3", "--target", "v+attention", "--attention-weight", "0.5",
+                 "--out", str(out)]) == 0
+    config = load_cache(out).meta["config"]
+    assert config["target"] == "v+attention" and config["attention_weight"] == 0.5
+    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
+                 "--target", "v+attention", "--sequential", "--out", str(tmp_path / "s.safetensors")]) == 2
