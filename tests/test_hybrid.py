@@ -49,6 +49,17 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
     assert torch.all(segment.positions[1:] >= segment.positions[:-1])  # entries in position order
     text = [work.lm.tokenizer.decode([work.ids[p]]) for p in original.tolist()]
     assert segment.stats["verbatim_text"] == text
+    # proportional attention: a verbatim entry stands for itself, the virtual ones for the rest of the span
+    assert torch.all(segment.mass[kept] == 1) and int(segment.mass.sum()) == work.span_length
+    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual[kept] = False
+    assert segment.mass[virtual].min() >= 1 and segment.mass[virtual].sum() == work.span_length - len(kept)
+
+
+def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
+    config = CompressConfig(proportional_attention=False, optim=OptimConfig(steps=2))
+    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(evaluation.work, 3.2)
+    assert segment.mass is None
 
 
 def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):

@@ -170,6 +170,7 @@ class _VirtualPart:
     positions: torch.Tensor  # [k]
     embeddings: torch.Tensor  # [k, hidden]
     stats: dict[str, Any]
+    mass: torch.Tensor | None  # [k] tokens each virtual token stands for (None without proportional attention)
 
 
 def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
@@ -190,7 +191,9 @@ def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_s
     values = torch.cat(values).float().cpu()
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats)
+    mass = (torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32)
+            if compress.proportional_attention else None)
+    return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats, mass)
 
 
 def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:
@@ -215,8 +218,9 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: Verbat
         "verbatim_positions": (kept + acts.start).tolist(),
         "verbatim_text": [lm.tokenizer.decode([t]) for t in kept_ids],
     }
+    mass = None if virtual.mass is None else torch.cat([torch.ones(len(kept_ids)), virtual.mass])[order]
     return Segment("virtual", (acts.start, acts.end), keys[:, :, order].contiguous(), values[:, :, order].contiguous(),
-                   positions[order], embeddings[order], stats)
+                   positions[order], embeddings[order], stats, mass=mass)
 
 
 def _complement(kept: torch.Tensor, n: int) -> torch.Tensor:
