@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vkv.errors import VkvError
-from vkv.pooling import block_weights, num_virtual_tokens, partition, pool
+from vkv.pooling import block_weights, num_virtual_tokens, partition, partition_by_mass, pool
 from vkv.positions import virtual_positions
 
 
@@ -55,3 +55,32 @@ def test_position_schemes():
     assert torch.allclose(virtual_positions("consecutive", 144, 386, 3), torch.tensor([144.0, 145.0, 146.0]))
     with pytest.raises(VkvError, match="unknown position scheme"):
         virtual_positions("spiral", 0, 10, 2)
+
+
+def test_mass_partition_gives_dense_stretches_more_blocks():
+    mass = torch.tensor([1.0] * 8 + [4.0] * 4)  # the last third holds two thirds of the mass
+    blocks = partition_by_mass(mass, 6)
+    assert blocks.edges[0] == 0 and blocks.edges[-1] == 12 and all(hi > lo for lo, hi in blocks.ranges())
+    assert blocks.edges == (0, 4, 8, 9, 10, 11, 12)
+    assert partition_by_mass(torch.zeros(10), 3) == partition(10, 3)
+    spike = partition_by_mass(torch.tensor([0.0, 0.0, 100.0, 0.0, 0.0]), 5)
+    assert spike.edges == (0, 1, 2, 3, 4, 5)  # every block stays non-empty however the mass is placed
+    with pytest.raises(VkvError, match="non-negative"):
+        partition_by_mass(torch.tensor([1.0, -1.0]), 1)
+    with pytest.raises(VkvError, match="cannot split"):
+        partition_by_mass(torch.ones(3), 4)
+
+
+def test_block_centres_scheme_follows_the_blocks():
+    blocks = partition_by_mass(torch.tensor([1.0] * 8 + [4.0] * 4), 6)
+    centres = blocks.centres(torch.arange(100, 112))
+    assert torch.allclose(centres, torch.tensor([101.5, 105.5, 108.0, 109.0, 110.0, 111.0]))
+    assert torch.equal(virtual_positions("centres", 100, 112, 6, centres), centres)
+    equal = partition(512, 160)
+    gap = virtual_positions("centres", 0, 512, 160, equal.centres(torch.arange(512))) - virtual_positions(
+        "interpolate", 0, 512, 160)
+    assert gap.abs().max() <= 1.6  # half a block at most, for equal blocks
+    with pytest.raises(VkvError, match="needs the blocks"):
+        virtual_positions("centres", 0, 12, 6)
+    with pytest.raises(VkvError, match="shape"):
+        virtual_positions("centres", 0, 12, 6, centres[:3])

@@ -137,6 +137,7 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     from .optimize import INITS, LOSSES, SCHEDULES, OptimConfig
     from .pooling import POOLING_RULES
     from .positions import POSITION_SCHEMES
+    from .compress import BOUNDARIES
     from .targets import TARGET_KINDS
 
     d = OptimConfig()
@@ -150,7 +151,8 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     p.add_argument("--target", default="v", choices=TARGET_KINDS)
     p.add_argument("--attention-weight", type=float, default=1.0,
                    help="with --target v+attention: weight of the read-out error next to the V loss")
-    p.add_argument("--boundaries", default="equal", choices=("equal", "lines"))
+    p.add_argument("--boundaries", default="equal", choices=BOUNDARIES,
+                   help="blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass")
     p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=True,
                    help="later queries add log(tokens per virtual token) to their attention logits")
     p.add_argument("--init", default=d.init, choices=INITS)

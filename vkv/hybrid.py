@@ -33,7 +33,7 @@ from .compress import CompressConfig, line_cuts
 from .errors import VkvError
 from .model import FrozenLM, KVPrefix
 from .optimize import optimise
-from .pooling import block_weights, partition, surprisal_scores
+from .pooling import block_weights, partition, partition_by_mass, surprisal_scores
 from .positions import virtual_positions
 from .targets import build_targets
 
@@ -176,15 +176,18 @@ class _VirtualPart:
 def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
     gathered = Activations(acts.values[:, :, rest], acts.keys_pre_rope[:, :, rest], acts.surprisal[rest], 0, len(rest))
-    cuts = None
-    if compress.boundaries == "lines":
-        original = line_cuts(lm, ids, acts.start, acts.end, message_starts or [])
-        cuts = sorted(set(torch.searchsorted(rest, torch.tensor(original, dtype=torch.long)).tolist()))
-    blocks = partition(len(rest), k, cuts)
+    if compress.boundaries == "surprisal":
+        blocks = partition_by_mass(surprisal_scores(gathered.surprisal.float()), k)
+    else:
+        cuts = None
+        if compress.boundaries == "lines":
+            original = line_cuts(lm, ids, acts.start, acts.end, message_starts or [])
+            cuts = sorted(set(torch.searchsorted(rest, torch.tensor(original, dtype=torch.long)).tolist()))
+        blocks = partition(len(rest), k, cuts)
     weights = block_weights(compress.pooling, blocks, gathered.surprisal)
     rest_ids = torch.tensor(ids)[acts.start + rest]
     targets = build_targets(lm, rest_ids, gathered, blocks, weights, compress.target)
-    positions = virtual_positions(compress.positions, acts.start, acts.end, k)
+    positions = virtual_positions(compress.positions, acts.start, acts.end, k, blocks.centres(acts.start + rest))
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
     with torch.no_grad():
         keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)

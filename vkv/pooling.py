@@ -28,6 +28,10 @@ class Blocks:
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self.edges[:-1], self.edges[1:]))
 
+    def centres(self, token_positions: torch.Tensor) -> torch.Tensor:
+        """Mean of `token_positions` `[span]` (the blocked tokens' original positions) per block → `[count]`."""
+        return torch.stack([token_positions[lo:hi].float().mean() for lo, hi in self.ranges()])
+
 
 def num_virtual_tokens(span_length: int, ratio: float) -> int:
     if span_length <= 0:
@@ -49,6 +53,29 @@ def partition(span_length: int, k: int, cut_candidates: list[int] | None = None)
         lo, hi = edges[-1] + 1, span_length - (k - i)  # leave room for the remaining blocks
         options = [c for c in candidates if lo <= c <= hi]
         edges.append(min(options, key=lambda c: (abs(c - target), c)) if options else min(max(target, lo), hi))
+    edges.append(span_length)
+    return Blocks(tuple(edges))
+
+
+def partition_by_mass(mass: torch.Tensor, k: int) -> Blocks:
+    """k contiguous, non-empty blocks holding (nearly) equal shares of `mass` `[span]` (non-negative), so
+    dense stretches of the span get more, shorter blocks; equal token counts when the mass is all zero."""
+    span_length = mass.numel()
+    if not 0 < k <= span_length:
+        raise VkvError(f"cannot split a span of {span_length} tokens into {k} blocks")
+    if not torch.isfinite(mass).all() or (mass < 0).any():
+        raise VkvError("block mass must be finite and non-negative")
+    total = mass.double().sum()
+    if total <= 0:
+        return partition(span_length, k)
+    cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), mass.double().cumsum(0)])  # [span + 1]
+    edges = [0]
+    for i in range(1, k):
+        target = total * i / k
+        after = int(torch.searchsorted(cumulative, target))  # first edge with cumulative mass ≥ target
+        nearest = after if after == 0 or cumulative[after] - target <= target - cumulative[after - 1] else after - 1
+        lo, hi = edges[-1] + 1, span_length - (k - i)  # leave room for the remaining blocks
+        edges.append(min(max(nearest, lo), hi))
     edges.append(span_length)
     return Blocks(tuple(edges))
 

@@ -25,12 +25,12 @@ import torch
 from .autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
 from .cache import Segment, SplicedCache
 from .capture import Activations, capture_span, projection_hooks
-from .compress import CompressConfig, line_cuts, virtual_segment
+from .compress import CompressConfig, span_blocks, virtual_segment
 from .decode import Context
 from .errors import VkvError
 from .hybrid import HybridConfig, hybrid_segment
 from .model import FrozenLM, KVPrefix
-from .pooling import block_weights, num_virtual_tokens, partition
+from .pooling import block_weights, num_virtual_tokens
 from .targets import Targets, build_targets
 
 TARGET_MODES = ("oracle", "online")
@@ -277,8 +277,7 @@ def compress_turns(
 def turn_targets(lm: FrozenLM, ids: list[int], acts: Activations, entries: int, config: CompressConfig,
                  message_starts: list[int] | None) -> Targets:
     """The targets `virtual_segment` optimises towards, rebuilt (deterministically) to measure its V loss."""
-    cuts = line_cuts(lm, ids, acts.start, acts.end, message_starts or []) if config.boundaries == "lines" else None
-    blocks = partition(acts.end - acts.start, entries, cuts)
+    blocks = span_blocks(lm, ids, acts.start, acts.end, entries, config.boundaries, acts.surprisal, message_starts)
     weights = block_weights(config.pooling, blocks, acts.surprisal)
     return build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
 

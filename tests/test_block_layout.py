@@ -1,0 +1,69 @@
+"""Block layout: blocks of equal surprisal mass and virtual tokens at their blocks' centres (tiny model)."""
+
+import pytest
+import torch
+
+from vkv.capture import capture_span
+from vkv.compress import CompressConfig, compress
+from vkv.errors import VkvError
+from vkv.hybrid import HybridConfig
+from vkv.methods import get_method
+from vkv.optimize import OptimConfig
+from vkv.pooling import partition, partition_by_mass, surprisal_scores
+
+from .test_hybrid import evaluation, verbatim_entries  # noqa: F401  (module fixture)
+
+TEXT = ("The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
+        "The default JWT secret is dev-secret and finished tasks have the status done.")
+
+
+def sizes(blocks):
+    return torch.tensor([hi - lo for lo, hi in blocks.ranges()], dtype=torch.float32)
+
+
+def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol):
+    ids = smol.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    start, end = 2, 30
+    config = CompressConfig(ratio=4.0, boundaries="surprisal", positions="centres", optim=OptimConfig(steps=2))
+    segment = compress(smol, ids, start, end, config).segments[1]
+    acts, _ = capture_span(smol, torch.tensor(ids[:end]), start, end)
+    expected = partition_by_mass(surprisal_scores(acts.surprisal), 7)
+    assert expected != partition(end - start, 7)  # the layouts really differ on this text
+    assert torch.equal(segment.mass, sizes(expected))  # proportional attention follows the blocks
+    assert torch.allclose(segment.positions, expected.centres(torch.arange(start, end)))
+    mass = surprisal_scores(acts.surprisal)
+    per_block = torch.stack([mass[lo:hi].sum() for lo, hi in expected.ranges()])
+    unequal = torch.stack([mass[lo:hi].sum() for lo, hi in partition(end - start, 7).ranges()])
+    assert per_block.std() < unequal.std()  # closer to equal shares than equal token counts give
+
+
+def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F811
+    config = CompressConfig(boundaries="surprisal", positions="centres", optim=OptimConfig(steps=2))
+    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
+        evaluation.work, 3.2)
+    work = evaluation.work
+    kept = set(segment.stats["verbatim_positions"])
+    rest = torch.tensor([p for p in range(work.start, work.end) if p not in kept]) - work.start
+    blocks = partition_by_mass(surprisal_scores(work.acts.surprisal[rest]), segment.entries - len(kept))
+    assert blocks != partition(len(rest), blocks.count)
+    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual[verbatim_entries(segment)] = False
+    assert torch.equal(segment.mass[virtual], sizes(blocks))
+    assert torch.allclose(segment.positions[virtual], blocks.centres(rest + work.start))
+
+
+def test_unknown_boundaries_are_refused(tiny_llama):
+    ids = tiny_llama.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
+    with pytest.raises(VkvError, match="unknown block boundaries 'paragraphs'"):
+        compress(tiny_llama, ids, 2, 30, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
+
+
+def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model_dir):
+    from vkv.cache import load_cache
+    from vkv.cli import main
+
+    out = tmp_path / "c.safetensors"
+    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
+                 "--steps", "2", "--boundaries", "surprisal", "--positions", "centres", "--out", str(out)]) == 0
+    cache = load_cache(out)
+    assert cache.meta["config"]["boundaries"] == "surprisal" and cache.meta["config"]["positions"] == "centres"
