@@ -100,3 +100,13 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
     assert config["target"] == "v+attention" and config["attention_weight"] == 0.5
     assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
                  "--target", "v+attention", "--sequential", "--out", str(tmp_path / "s.safetensors")]) == 2
+
+
+def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcript_path, tmp_path, capsys):
+    from vkv.cli import main
+
+    with pytest.raises(VkvError, match="field attention_weight: must be ≥ 0, got -1"):
+        CompressConfig(attention_weight=-1.0).validate()
+    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
+                 "--attention-weight", "-1", "--out", str(tmp_path / "c.safetensors")]) == 2
+    assert "attention_weight" in capsys.readouterr().err and not (tmp_path / "c.safetensors").exists()

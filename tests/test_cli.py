@@ -18,8 +18,9 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     assert main(["render", str(bad), "--model", "smollm2-135m"]) == 2
-    err = capsys.readouterr().out
-    assert "error:" in err and "bad.json" in err and "Traceback" not in err
+    printed = capsys.readouterr()
+    err = printed.err
+    assert "error:" in err and "bad.json" in err and "Traceback" not in err + printed.out and not printed.out
     assert main(["doctor", "--model", "smollm2-135m", "--quant", "fp32", "--device", "cuda:7"]) == 2
 
 
@@ -61,4 +62,4 @@ def test_lamr_commands_build_a_corpus_and_prune_needs_a_checkpoint(tmp_path, tes
     assert records and all(set(r) == {"query", "code", "kept_frags", "score"} for r in records)
     target = source / "m0.py"
     assert main(["prune", str(target), "--backend", "lamr", "--query", "what does f0_1 return?"]) == 2
-    assert "--checkpoint is required" in capsys.readouterr().out
+    assert "--checkpoint is required" in capsys.readouterr().err

@@ -180,4 +180,4 @@ def test_eval_cli_writes_design_json(tmp_path, test_model_dir, mini_transcript_p
 
 def test_eval_cli_refuses_unknown_method(mini_transcript_path, capsys):
     assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "gzip"]) == 2
-    assert "unknown method 'gzip'" in capsys.readouterr().out
+    assert "unknown method 'gzip'" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from .errors import VkvError
 
 # Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=160)
+errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)  # keeps stdout parseable
 COMMANDS: dict[str, Callable[[argparse.Namespace], int | None]] = {}
 
 
@@ -184,7 +185,7 @@ def compress_config_from_args(args: argparse.Namespace):
                             probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip())).validate()
     return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
                           boundaries=args.boundaries, proportional_attention=args.proportional_attention,
-                          attention_weight=args.attention_weight, optim=optim, distill=distill)
+                          attention_weight=args.attention_weight, optim=optim, distill=distill).validate()
 
 
 @command("compress")
@@ -648,10 +649,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args) or 0
     except VkvError as exc:
-        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        errors.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2
     except KeyboardInterrupt:
-        console.print("[yellow]interrupted[/]")
+        errors.print("[yellow]interrupted[/]")
         return 130
 
 

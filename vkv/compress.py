@@ -40,6 +40,23 @@ class CompressConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
 
+    def validate(self) -> "CompressConfig":
+        """One clear error naming the field for a setting no compression path accepts."""
+        from .pooling import POOLING_RULES
+        from .positions import POSITION_SCHEMES
+        from .targets import TARGET_KINDS
+
+        for what, value, allowed in (("pooling", self.pooling, POOLING_RULES), ("positions", self.positions,
+                                     POSITION_SCHEMES), ("target", self.target, TARGET_KINDS),
+                                     ("boundaries", self.boundaries, BOUNDARIES)):
+            if value not in allowed:
+                raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
+        if not self.attention_weight >= 0:
+            raise VkvError(f"field attention_weight: must be ≥ 0, got {self.attention_weight}")
+        self.optim.validate()
+        self.distill.validate()
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

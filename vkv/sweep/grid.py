@@ -235,12 +235,9 @@ def _jsonable(value: Any) -> Any:
 
 def build_method(point: dict):
     """The method object a point describes; its compression config carries the run's seed."""
-    from ..compress import BOUNDARIES, CompressConfig
+    from ..compress import CompressConfig
     from ..methods import METHODS, get_method
     from ..optimize import OptimConfig
-    from ..pooling import POOLING_RULES
-    from ..positions import POSITION_SCHEMES
-    from ..targets import TARGET_KINDS
 
     name = point["method"]
     options = {opt: _option(name, opt, v) for opt, v in
@@ -251,14 +248,7 @@ def build_method(point: dict):
         distill = {k[len(DISTILL_PREFIX):]: v for k, v in point.items() if k in distill_keys()}
         config = CompressConfig.from_dict({**{k: v for k, v in point.items() if k in top - {"distill"}},
                                            "optim": {**optim, "seed": point["seed"]}, "distill": distill})
-        config.distill.validate()
-        config.optim.validate()
-        for what, value, allowed in (("pooling", config.pooling, POOLING_RULES), ("positions", config.positions,
-                                     POSITION_SCHEMES), ("target", config.target, TARGET_KINDS),
-                                     ("boundaries", config.boundaries, BOUNDARIES)):
-            if value not in allowed:
-                raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
-        options["compress"] = config
+        options["compress"] = config.validate()
     return get_method(name, **options)
 
 
