@@ -5,10 +5,10 @@ import torch
 
 from vkv.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.cache import Segment
-from vkv.compress import CompressConfig
+from vkv.compress import CompressConfig, span_blocks
 from vkv.errors import VkvError
 from vkv.optimize import OptimConfig
-from vkv.pooling import block_weights, num_virtual_tokens, partition
+from vkv.pooling import block_weights, num_virtual_tokens
 from vkv.sequential import FullHistory, MultiTurnConfig
 from vkv.session import Session
 from vkv.targets import build_targets
@@ -58,7 +58,8 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
         if segment.kind == "verbatim":
             continue
         acts = history.view(turn).acts  # re-measure: the stored V against freshly built oracle targets
-        blocks = partition(turn.length, segment.entries)
+        blocks = span_blocks(tiny_llama, session.ids, turn.start, turn.end, segment.entries,
+                             config.compress.boundaries, acts.surprisal)
         weights = block_weights("surprisal", blocks, acts.surprisal)
         targets = build_targets(tiny_llama, torch.tensor(session.ids), acts, blocks, weights, "v")
         per_layer = (segment.values - targets.values).pow(2).mean(dim=(1, 2, 3)) / targets.value_scale

@@ -138,23 +138,23 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     from .optimize import INITS, LOSSES, SCHEDULES, OptimConfig
     from .pooling import POOLING_RULES
     from .positions import POSITION_SCHEMES
-    from .compress import BOUNDARIES
+    from .compress import BOUNDARIES, CompressConfig
     from .targets import TARGET_KINDS
 
-    d = OptimConfig()
+    c, d = CompressConfig(), OptimConfig()
     if several_ratios:
         p.add_argument("--ratio", default="3.2", help="comma-separated compression ratios (span tokens per entry)")
     else:
         p.add_argument("--ratio", type=float, default=3.2, help="span tokens per virtual token (≥ 1)")
     p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
-    p.add_argument("--pooling", default="surprisal", choices=sorted(POOLING_RULES))
-    p.add_argument("--positions", default="interpolate", choices=sorted(POSITION_SCHEMES))
-    p.add_argument("--target", default="v", choices=TARGET_KINDS)
-    p.add_argument("--attention-weight", type=float, default=1.0,
+    p.add_argument("--pooling", default=c.pooling, choices=sorted(POOLING_RULES))
+    p.add_argument("--positions", default=c.positions, choices=sorted(POSITION_SCHEMES))
+    p.add_argument("--target", default=c.target, choices=TARGET_KINDS)
+    p.add_argument("--attention-weight", type=float, default=c.attention_weight,
                    help="with --target v+attention: weight of the read-out error next to the V loss")
-    p.add_argument("--boundaries", default="equal", choices=BOUNDARIES,
+    p.add_argument("--boundaries", default=c.boundaries, choices=BOUNDARIES,
                    help="blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass")
-    p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=c.proportional_attention,
                    help="later queries add log(tokens per virtual token) to their attention logits")
     p.add_argument("--init", default=d.init, choices=INITS)
     p.add_argument("--loss", default=d.loss, choices=LOSSES)

@@ -31,10 +31,10 @@ BOUNDARIES = ("equal", "lines", "surprisal")
 class CompressConfig:
     ratio: float = 3.2
     pooling: str = "surprisal"
-    positions: str = "interpolate"
+    positions: str = "centres"  # each virtual token at the mean position of the tokens it stands for
     target: str = "v"
     attention_weight: float = 1.0  # target v+attention: weight of the read-out error next to the V loss
-    boundaries: str = "equal"  # equal token counts, edges snapped to message and line starts, or equal surprisal mass
+    boundaries: str = "surprisal"  # blocks of equal surprisal mass; or "equal" token counts, or snapped to "lines"
     proportional_attention: bool = True  # later queries weigh each virtual token by its block's token count
     # (evals/RESULTS.md: retention 0.36 → 0.51 at 3.2× on the screen, better on every transcript)
     optim: OptimConfig = field(default_factory=OptimConfig)
