@@ -64,6 +64,11 @@ def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model
 
     out = tmp_path / "c.safetensors"
     assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
-                 "--steps", "2", "--boundaries", "surprisal", "--positions", "centres", "--out", str(out)]) == 0
-    cache = load_cache(out)
-    assert cache.meta["config"]["boundaries"] == "surprisal" and cache.meta["config"]["positions"] == "centres"
+                 "--steps", "2", "--boundaries", "surprisal", "--mass-floor", "0.5", "--positions", "centres",
+                 "--out", str(out)]) == 0
+    config = load_cache(out).meta["config"]
+    assert (config["boundaries"], config["mass_floor"], config["positions"]) == ("surprisal", 0.5, "centres")
+    refused = tmp_path / "refused.safetensors"
+    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
+                 "--mass-floor", "-1", "--out", str(refused)]) == 2
+    assert not refused.exists()

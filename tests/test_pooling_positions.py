@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from vkv.errors import VkvError
-from vkv.pooling import block_weights, num_virtual_tokens, partition, partition_by_mass, pool
+from vkv.pooling import block_mass, block_weights, num_virtual_tokens, partition, partition_by_mass, pool, surprisal_scores
 from vkv.positions import virtual_positions
 
 
@@ -84,3 +84,13 @@ def test_block_centres_scheme_follows_the_blocks():
         virtual_positions("centres", 0, 12, 6)
     with pytest.raises(VkvError, match="shape"):
         virtual_positions("centres", 0, 12, 6, centres[:3])
+
+
+def test_block_mass_floor_moves_surprisal_blocks_towards_equal_ones():
+    s = torch.tensor([float("nan"), 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 6.0, 5.0, 7.0, 6.0])
+    assert torch.equal(block_mass(s, 0.0), surprisal_scores(s))
+    pure, floored, flat = (partition_by_mass(block_mass(s, f), 4) for f in (0.0, 1.0, 1000.0))
+    longest = [max(hi - lo for lo, hi in b.ranges()) for b in (pure, floored, flat)]
+    assert longest[0] > longest[1] > longest[2] and flat == partition(12, 4)
+    with pytest.raises(VkvError, match="floor must be ≥ 0"):
+        block_mass(s, -0.5)

@@ -154,6 +154,8 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
                    help="with --target v+attention: weight of the read-out error next to the V loss")
     p.add_argument("--boundaries", default=c.boundaries, choices=BOUNDARIES,
                    help="blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass")
+    p.add_argument("--mass-floor", type=float, default=c.mass_floor,
+                   help="with --boundaries surprisal: each token's block mass is its surprisal + this × the mean")
     p.add_argument("--proportional-attention", action=argparse.BooleanOptionalAction, default=c.proportional_attention,
                    help="later queries add log(tokens per virtual token) to their attention logits")
     p.add_argument("--init", default=d.init, choices=INITS)
@@ -185,7 +187,8 @@ def compress_config_from_args(args: argparse.Namespace):
                             probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip())).validate()
     return CompressConfig(ratio=ratio, pooling=args.pooling, positions=args.positions, target=args.target,
                           boundaries=args.boundaries, proportional_attention=args.proportional_attention,
-                          attention_weight=args.attention_weight, optim=optim, distill=distill).validate()
+                          mass_floor=args.mass_floor, attention_weight=args.attention_weight, optim=optim,
+                          distill=distill).validate()
 
 
 @command("compress")

@@ -33,7 +33,7 @@ from .compress import CompressConfig, line_cuts
 from .errors import VkvError
 from .model import FrozenLM, KVPrefix
 from .optimize import optimise
-from .pooling import block_weights, partition, partition_by_mass, surprisal_scores
+from .pooling import block_mass, block_weights, partition, partition_by_mass, surprisal_scores
 from .positions import virtual_positions
 from .targets import build_targets
 
@@ -177,7 +177,7 @@ def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_s
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
     gathered = Activations(acts.values[:, :, rest], acts.keys_pre_rope[:, :, rest], acts.surprisal[rest], 0, len(rest))
     if compress.boundaries == "surprisal":
-        blocks = partition_by_mass(surprisal_scores(gathered.surprisal.float()), k)
+        blocks = partition_by_mass(block_mass(gathered.surprisal, compress.mass_floor), k)
     else:
         cuts = None
         if compress.boundaries == "lines":

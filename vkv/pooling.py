@@ -80,6 +80,16 @@ def partition_by_mass(mass: torch.Tensor, k: int) -> Blocks:
     return Blocks(tuple(edges))
 
 
+def block_mass(surprisal: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """Per-token mass `[span]` that surprisal blocks share equally: the token's surprisal plus `floor` times
+    the span's mean, so no token counts for less than `floor` × an average one (0: surprisal alone; a large
+    floor tends to equal token counts)."""
+    if not floor >= 0:
+        raise VkvError(f"the block mass floor must be ≥ 0, got {floor}")
+    scores = surprisal_scores(surprisal.float())
+    return scores + floor * scores.mean()
+
+
 WeightRule = Callable[..., torch.Tensor]
 POOLING_RULES: dict[str, WeightRule] = {}
 
