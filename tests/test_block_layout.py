@@ -9,7 +9,7 @@ from vkv.errors import VkvError
 from vkv.hybrid import HybridConfig
 from vkv.methods import get_method
 from vkv.optimize import OptimConfig
-from vkv.pooling import partition, partition_by_mass, surprisal_scores
+from vkv.pooling import block_mass, partition, partition_by_mass
 
 from .test_hybrid import evaluation, verbatim_entries  # noqa: F401  (module fixture)
 
@@ -21,30 +21,32 @@ def sizes(blocks):
     return torch.tensor([hi - lo for lo, hi in blocks.ranges()], dtype=torch.float32)
 
 
-def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol):
+@pytest.mark.parametrize("floor", [0.0, 1.0])
+def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     ids = smol.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     start, end = 2, 30
-    config = CompressConfig(ratio=4.0, boundaries="surprisal", positions="centres", optim=OptimConfig(steps=2))
+    config = CompressConfig(ratio=4.0, boundaries="surprisal", mass_floor=floor, positions="centres",
+                            optim=OptimConfig(steps=2))
     segment = compress(smol, ids, start, end, config).segments[1]
     acts, _ = capture_span(smol, torch.tensor(ids[:end]), start, end)
-    expected = partition_by_mass(surprisal_scores(acts.surprisal), 7)
+    mass = block_mass(acts.surprisal, config.mass_floor)
+    expected = partition_by_mass(mass, 7)
     assert expected != partition(end - start, 7)  # the layouts really differ on this text
     assert torch.equal(segment.mass, sizes(expected))  # proportional attention follows the blocks
     assert torch.allclose(segment.positions, expected.centres(torch.arange(start, end)))
-    mass = surprisal_scores(acts.surprisal)
     per_block = torch.stack([mass[lo:hi].sum() for lo, hi in expected.ranges()])
     unequal = torch.stack([mass[lo:hi].sum() for lo, hi in partition(end - start, 7).ranges()])
     assert per_block.std() < unequal.std()  # closer to equal shares than equal token counts give
 
 
 def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F811
-    config = CompressConfig(boundaries="surprisal", positions="centres", optim=OptimConfig(steps=2))
+    config = CompressConfig(boundaries="surprisal", mass_floor=0.0, positions="centres", optim=OptimConfig(steps=2))
     segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2)
     work = evaluation.work
     kept = set(segment.stats["verbatim_positions"])
     rest = torch.tensor([p for p in range(work.start, work.end) if p not in kept]) - work.start
-    blocks = partition_by_mass(surprisal_scores(work.acts.surprisal[rest]), segment.entries - len(kept))
+    blocks = partition_by_mass(block_mass(work.acts.surprisal[rest], config.mass_floor), segment.entries - len(kept))
     assert blocks != partition(len(rest), blocks.count)
     virtual = torch.ones(segment.entries, dtype=torch.bool)
     virtual[verbatim_entries(segment)] = False
