@@ -58,8 +58,8 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
         if segment.kind == "verbatim":
             continue
         acts = history.view(turn).acts  # re-measure: the stored V against freshly built oracle targets
-        blocks = span_blocks(tiny_llama, session.ids, turn.start, turn.end, segment.entries,
-                             config.compress.boundaries, acts.surprisal)
+        blocks = span_blocks(tiny_llama, session.ids, turn.start, turn.end, segment.entries, config.compress,
+                             acts.surprisal)
         weights = block_weights("surprisal", blocks, acts.surprisal)
         targets = build_targets(tiny_llama, torch.tensor(session.ids), acts, blocks, weights, "v")
         per_layer = (segment.values - targets.values).pow(2).mean(dim=(1, 2, 3)) / targets.value_scale

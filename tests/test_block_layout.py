@@ -17,10 +17,6 @@ TEXT = ("The project hashes passwords with bcryptjs. Tests use the built-in node
         "The default JWT secret is dev-secret and finished tasks have the status done.")
 
 
-def sizes(blocks):
-    return torch.tensor([hi - lo for lo, hi in blocks.ranges()], dtype=torch.float32)
-
-
 @pytest.mark.parametrize("floor", [0.0, 1.0])
 def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     ids = smol.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
@@ -32,7 +28,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     mass = block_mass(acts.surprisal, config.mass_floor)
     expected = partition_by_mass(mass, 7)
     assert expected != partition(end - start, 7)  # the layouts really differ on this text
-    assert torch.equal(segment.mass, sizes(expected))  # proportional attention follows the blocks
+    assert torch.equal(segment.mass, expected.sizes())  # proportional attention follows the blocks
     assert torch.allclose(segment.positions, expected.centres(torch.arange(start, end)))
     per_block = torch.stack([mass[lo:hi].sum() for lo, hi in expected.ranges()])
     unequal = torch.stack([mass[lo:hi].sum() for lo, hi in partition(end - start, 7).ranges()])
@@ -50,7 +46,7 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
     assert blocks != partition(len(rest), blocks.count)
     virtual = torch.ones(segment.entries, dtype=torch.bool)
     virtual[verbatim_entries(segment)] = False
-    assert torch.equal(segment.mass[virtual], sizes(blocks))
+    assert torch.equal(segment.mass[virtual], blocks.sizes())
     assert torch.allclose(segment.positions[virtual], blocks.centres(rest + work.start))
 
 

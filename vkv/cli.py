@@ -137,8 +137,8 @@ def _tokenizer_for(name: str):
 def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
     from .optimize import INITS, LOSSES, SCHEDULES, OptimConfig
     from .pooling import POOLING_RULES
-    from .positions import POSITION_SCHEMES
     from .compress import BOUNDARIES, CompressConfig
+    from .positions import POSITION_SCHEMES
     from .targets import TARGET_KINDS
 
     c, d = CompressConfig(), OptimConfig()

@@ -37,7 +37,7 @@ class CompressConfig:
     boundaries: str = "surprisal"  # blocks of equal surprisal mass; or "equal" token counts, or snapped to "lines"
     mass_floor: float = 0.0  # boundaries "surprisal": each token's mass is its surprisal + this × the span's mean
     proportional_attention: bool = True  # later queries weigh each virtual token by its block's token count
-    # (evals/RESULTS.md: retention 0.36 → 0.51 at 3.2× on the screen, better on every transcript)
+    # (evals/RESULTS.md stage 1: retention 0.372 → 0.477 at 3.2×, better on three of four transcripts)
     optim: OptimConfig = field(default_factory=OptimConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
 
@@ -88,16 +88,23 @@ def line_cuts(lm: FrozenLM, ids: list[int], start: int, end: int, message_starts
     return sorted(cuts)
 
 
-def span_blocks(lm: FrozenLM, ids: list[int], start: int, end: int, k: int, boundaries: str,
-                surprisal: torch.Tensor, message_starts: list[int] | None = None, mass_floor: float = 0.0) -> Blocks:
-    """The k blocks of ids[start:end] that k virtual tokens stand for. `surprisal` `[end - start]`: with
-    boundaries 'surprisal' every block holds an equal share of it, so informative stretches get more tokens."""
-    if boundaries not in BOUNDARIES:
-        raise VkvError(f"unknown block boundaries '{boundaries}'; choose one of {', '.join(BOUNDARIES)}")
-    if boundaries == "surprisal":
-        return partition_by_mass(block_mass(surprisal, mass_floor), k)
-    cuts = line_cuts(lm, ids, start, end, message_starts or []) if boundaries == "lines" else None
-    return partition(end - start, k, cuts)
+def span_blocks(lm: FrozenLM, ids: list[int], start: int, end: int, k: int, config: CompressConfig,
+                surprisal: torch.Tensor, message_starts: list[int] | None = None,
+                tokens: torch.Tensor | None = None) -> Blocks:
+    """The k blocks, laid out by `config.boundaries`, of the tokens of ids[start:end] that k virtual tokens
+    stand for: all of them, or only `tokens` `[n]` (ascending span-relative indices, e.g. hybrid's
+    non-verbatim ones). `surprisal` holds those tokens' surprisal; with boundaries 'surprisal' every block
+    gets an equal share of it, so informative stretches get more virtual tokens."""
+    if config.boundaries not in BOUNDARIES:
+        raise VkvError(f"unknown block boundaries '{config.boundaries}'; choose one of {', '.join(BOUNDARIES)}")
+    if config.boundaries == "surprisal":
+        return partition_by_mass(block_mass(surprisal, config.mass_floor), k)
+    cuts = None
+    if config.boundaries == "lines":
+        cuts = line_cuts(lm, ids, start, end, message_starts or [])
+        if tokens is not None:  # a cut before original token c falls before the first kept token at or after c
+            cuts = sorted(set(torch.searchsorted(tokens, torch.tensor(cuts, dtype=torch.long)).tolist()))
+    return partition(end - start if tokens is None else len(tokens), k, cuts)
 
 
 def virtual_segment(
@@ -115,7 +122,7 @@ def virtual_segment(
     stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
     start, end = acts.start, acts.end
     k = num_virtual_tokens(end - start, config.ratio)
-    blocks = span_blocks(lm, ids, start, end, k, config.boundaries, acts.surprisal, message_starts, config.mass_floor)
+    blocks = span_blocks(lm, ids, start, end, k, config, acts.surprisal, message_starts)
     weights = block_weights(config.pooling, blocks, acts.surprisal, attention)
     if config.target == "v+attention" and acts.queries_pre_rope is None:  # one more forward, only when needed
         acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
@@ -134,7 +141,7 @@ def virtual_segment(
                             "best_kl": min(trace), "trace": trace}
     with torch.no_grad():
         keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
-    mass = torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32) if config.proportional_attention else None
+    mass = blocks.sizes() if config.proportional_attention else None
     return Segment(
         "virtual", (start, end),
         torch.cat(keys).float().cpu(), torch.cat(values).float().cpu(), positions, embeddings, stats=stats, mass=mass,

@@ -29,11 +29,11 @@ import torch
 from .autoratio import v_loss
 from .cache import Segment
 from .capture import Activations
-from .compress import CompressConfig, line_cuts
+from .compress import CompressConfig, span_blocks
 from .errors import VkvError
 from .model import FrozenLM, KVPrefix
 from .optimize import optimise
-from .pooling import block_mass, block_weights, partition, partition_by_mass, surprisal_scores
+from .pooling import block_weights, surprisal_scores
 from .positions import virtual_positions
 from .targets import build_targets
 
@@ -176,14 +176,7 @@ class _VirtualPart:
 def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
     gathered = Activations(acts.values[:, :, rest], acts.keys_pre_rope[:, :, rest], acts.surprisal[rest], 0, len(rest))
-    if compress.boundaries == "surprisal":
-        blocks = partition_by_mass(block_mass(gathered.surprisal, compress.mass_floor), k)
-    else:
-        cuts = None
-        if compress.boundaries == "lines":
-            original = line_cuts(lm, ids, acts.start, acts.end, message_starts or [])
-            cuts = sorted(set(torch.searchsorted(rest, torch.tensor(original, dtype=torch.long)).tolist()))
-        blocks = partition(len(rest), k, cuts)
+    blocks = span_blocks(lm, ids, acts.start, acts.end, k, compress, gathered.surprisal, message_starts, tokens=rest)
     weights = block_weights(compress.pooling, blocks, gathered.surprisal)
     rest_ids = torch.tensor(ids)[acts.start + rest]
     targets = build_targets(lm, rest_ids, gathered, blocks, weights, compress.target)
@@ -194,8 +187,7 @@ def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_s
     values = torch.cat(values).float().cpu()
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    mass = (torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32)
-            if compress.proportional_attention else None)
+    mass = blocks.sizes() if compress.proportional_attention else None
     return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats, mass)
 
 

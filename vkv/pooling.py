@@ -28,6 +28,10 @@ class Blocks:
     def ranges(self) -> list[tuple[int, int]]:
         return list(zip(self.edges[:-1], self.edges[1:]))
 
+    def sizes(self) -> torch.Tensor:
+        """Tokens per block `[count]` (float32): the mass proportional attention gives each virtual token."""
+        return torch.tensor([hi - lo for lo, hi in self.ranges()], dtype=torch.float32)
+
     def centres(self, token_positions: torch.Tensor) -> torch.Tensor:
         """Mean of `token_positions` `[span]` (the blocked tokens' original positions) per block → `[count]`."""
         return torch.stack([token_positions[lo:hi].float().mean() for lo, hi in self.ranges()])

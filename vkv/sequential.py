@@ -277,8 +277,7 @@ def compress_turns(
 def turn_targets(lm: FrozenLM, ids: list[int], acts: Activations, entries: int, config: CompressConfig,
                  message_starts: list[int] | None) -> Targets:
     """The targets `virtual_segment` optimises towards, rebuilt (deterministically) to measure its V loss."""
-    blocks = span_blocks(lm, ids, acts.start, acts.end, entries, config.boundaries, acts.surprisal, message_starts,
-                         config.mass_floor)
+    blocks = span_blocks(lm, ids, acts.start, acts.end, entries, config, acts.surprisal, message_starts)
     weights = block_weights(config.pooling, blocks, acts.surprisal)
     return build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
 

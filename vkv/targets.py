@@ -67,7 +67,7 @@ def build_targets(
     values = pool(acts.values, blocks, weights, dim=2)
     keys = key_scale = attention = None
     if kind == "v+attention":
-        sizes = torch.tensor([b - a for a, b in blocks.ranges()], dtype=torch.float32)
+        sizes = blocks.sizes()
         log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
         attention = attention_targets(lm, acts, log_mass, attention_queries, attention_weight)
     elif kind != "v":
