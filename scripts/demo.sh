@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-T=transcripts/taskapi-express-sqlite.json
+T=transcripts/dev/taskapi-express-sqlite.json
 OUT=${VKV_DEMO_OUT:-runs/demo}
 mkdir -p "$OUT"
 vkv doctor --model smollm2-135m --quant 8bit

@@ -69,7 +69,7 @@ def mini_transcript_path() -> Path:
 
 
 def bundled_transcripts() -> list[Path]:
-    return sorted((ROOT / "transcripts").glob("*.json"))
+    return sorted((ROOT / "transcripts").glob("*/*.json"))
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,9 @@ from typing import Any
 from .errors import VkvError
 
 ROLES = ("system", "user", "assistant", "tool")
+# What a question asks about: a choice the conversation made, a value a tool output showed, or the final value of
+# something a later turn changed (its `reject` holds the stale value). Optional; reports break retention down by it.
+QUESTION_KINDS = ("decision", "tool_output", "change")
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Question:
     choices: tuple[str, ...] = ()
     answer_prefix: str = ""
     source_turns: tuple[int, ...] = ()
+    kind: str = ""  # one of QUESTION_KINDS, or "" when not labelled
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,10 @@ def _question(q: Any, where: _Where, prefix: str, n_messages: int) -> Question:
     for t in turns:
         if not 0 <= t < n_messages:
             where.fail(f"{prefix}.source_turns", f"turn {t} is out of range (0..{n_messages - 1})")
-    return Question(qid, text, accept, reject, choices, answer_prefix, tuple(turns))
+    kind = _string(q, "kind", where, prefix, required=False)
+    if kind and kind not in QUESTION_KINDS:
+        where.fail(f"{prefix}.kind", f"unknown kind {kind!r} (expected one of {', '.join(QUESTION_KINDS)})")
+    return Question(qid, text, accept, reject, choices, answer_prefix, tuple(turns), kind)
 
 
 # ---- rendering --------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ An experiment file (every value may be a scalar or a list; a list is an axis of 
     [defaults]                          # inherited by every [[grid]] table
     model = "smollm2-135m"              # alias, hub id or directory
     quant = "fp32"                      # auto resolves per device (8bit on CUDA, fp32 on CPU)
-    transcripts = ["../transcripts/taskapi-express-sqlite.json"]   # relative to the TOML file
+    transcripts = ["../transcripts/dev/taskapi-express-sqlite.json"]   # relative to the TOML file
     window = 512                        # turn windows of ≤ N tokens; or window_turns = N messages;
                                         # or span = "turns:A-B" of the whole transcript; or none: default span
     max_windows = 1                     # per transcript: the windows with the most questions
