@@ -181,3 +181,16 @@ def test_eval_cli_writes_design_json(tmp_path, test_model_dir, mini_transcript_p
 def test_eval_cli_refuses_unknown_method(mini_transcript_path, capsys):
     assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "gzip"]) == 2
     assert "unknown method 'gzip'" in capsys.readouterr().err
+
+
+def test_questions_record_their_distance_from_the_span_end(evaluation):
+    result = evaluation.evaluate(get_method("none"), None)
+    spans = evaluation.rendered.spans
+    by_id = {q["id"]: q for q in result["questions"]}
+    # mini-agent: 8 messages, span = turns 1..7; hashing is stated in turns 3 and 4 (turns 5-7 follow), runner
+    # in turn 6 (turn 7 follows)
+    assert by_id["hashing"]["distance_turns"] == 3
+    assert by_id["hashing"]["distance_tokens"] == evaluation.end - spans[4].end > 0
+    assert by_id["runner"]["distance_turns"] == 1
+    assert by_id["runner"]["distance_tokens"] == evaluation.end - spans[6].end
+    assert result["split"] == ""  # a fixture, not a file under transcripts/dev or transcripts/test

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vkv.errors import VkvError
-from vkv.report import add_report_args, load, per_question, rows, run_report
+from vkv.report import add_report_args, breakdown, load, paired, per_question, rows, run_report
 
 
 def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
@@ -17,8 +17,9 @@ def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=10
     config = {"pooling": pooling, "optim": {"steps": 3, "seed": seed}} if pooling else {}
     entries = {"full": span, "none": 0}.get(method, round(span / ratio) if ratio else span)
     questions = [{"id": f"q{i}", "keyword_correct": c, "choice_correct": c, "retention": 1.0 if c else 0.2,
-                  "fidelity_kl": 0.0 if c else 0.5, "weak": False} for i, c in enumerate(correct)]
-    result = {"transcript": "t@turns1-3", "method": method, "ratio_requested": ratio,
+                  "fidelity_kl": 0.0 if c else 0.5, "weak": False, "distance_tokens": 300 * i,
+                  "kind": ("decision", "change")[i % 2]} for i, c in enumerate(correct)]
+    result = {"transcript": "t@turns1-3", "split": "test", "method": method, "ratio_requested": ratio,
               "ratio_achieved": round(span / entries, 4) if entries else None, "span_tokens": span,
               "compressed_entries": entries, "seconds": 2.0, "questions": questions, "loss_trace": list(trace),
               "optimisation": {"best_loss": min(trace)} if trace else {}}
@@ -77,3 +78,43 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
 def test_report_on_an_empty_directory_says_what_to_do(tmp_path):
     with pytest.raises(VkvError, match="run `vkv sweep"):
         load(tmp_path)
+
+
+def test_paired_differences_against_a_reference(sweep_dir):
+    results = load(sweep_dir)
+    diffs = {(r["variant"], r["ratio_requested"]): r for r in paired(results, "truncate")}
+    # truncate at 2x is the only reference row; the 4x variants have nothing to pair with, references are skipped
+    assert set(diffs) == {("vkv pooling=uniform", 2.0), ("vkv pooling=surprisal", 2.0)}
+    surprisal = diffs[("vkv pooling=surprisal", 2.0)]
+    # retention per question: vkv (1, 1, 1) − truncate (0.2, 1, 0.2); one window, so the interval has no width
+    assert surprisal["retention"].mean == pytest.approx(1.6 / 3)
+    assert surprisal["retention"].low == pytest.approx(1.6 / 3) and surprisal["retention"].separable
+    assert surprisal["choice"].mean == pytest.approx(2 / 3) and surprisal["reference"] == "truncate"
+    uniform = diffs[("vkv pooling=uniform", 2.0)]  # (1, 1, 0.2) − (0.2, 1, 0.2)
+    assert uniform["retention"].mean == pytest.approx(0.8 / 3)
+    with pytest.raises(VkvError, match="names no run"):
+        paired(results, "snapkv")
+    with pytest.raises(VkvError, match="several variants"):
+        paired(results, "vkv")
+
+
+def test_report_vs_prints_and_writes_the_paired_table_and_breakdowns(sweep_dir, capsys):
+    parser = argparse.ArgumentParser()
+    add_report_args(parser)
+    assert run_report(parser.parse_args([str(sweep_dir), "--vs", "truncate"])) == 0
+    printed = capsys.readouterr().out
+    assert "paired differences" in printed and "split test" in printed
+    md = (sweep_dir / "report" / "report.md").read_text()
+    assert "## Paired differences from truncate" in md and "- transcript split: test" in md
+    assert "| vkv pooling=surprisal | 2.0 | truncate | 3 | 1 | +0.533 [+0.533, +0.533] | +0.667 [+0.667, +0.667] |" in md
+    assert "## Retention by distance" in md and "## Retention by question kind" in md
+
+
+def test_breakdown_by_distance_and_kind(sweep_dir):
+    results = load(sweep_dir)
+    columns, cells = breakdown(results, "distance_tokens")
+    assert columns == ["0–127", "128–511", "512–2047"]  # questions at 0, 300 and 600 tokens
+    assert cells[("truncate", 2.0)] == {"0–127": (0.2, 1), "128–511": (1.0, 1), "512–2047": (0.2, 1)}
+    columns, cells = breakdown(results, "kind")
+    assert columns == ["change", "decision"]
+    assert cells[("truncate", 2.0)]["decision"] == (pytest.approx(0.2), 2)

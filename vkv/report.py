@@ -87,27 +87,113 @@ def _short(value: Any) -> str:
     return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
 
 
-def rows(results: SweepResults) -> list[dict[str, Any]]:
-    """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`)."""
-    from .evals.metrics import mean
-    from .evals.summary import aggregate
-
+def groups(results: SweepResults) -> dict[tuple[str, float | None], list[dict]]:
+    """Sweep lines per (variant, requested ratio), in file order."""
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for line in results.lines:
         grouped[(line["variant"], line["result"]["ratio_requested"])].append(line)
+    return grouped
+
+
+def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], float]:
+    """{(window, question id): metric} over these runs, seeds averaged; retention only for usable questions."""
+    per: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for line in lines:
+        result = line["result"]
+        for q in result["questions"]:
+            if metric == "retention" and (q["weak"] or q["retention"] is None):
+                continue
+            per[(result["transcript"], q["id"])].append(float(q[metric]))
+    return {k: sum(v) / len(v) for k, v in per.items()}
+
+
+def rows(results: SweepResults) -> list[dict[str, Any]]:
+    """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
+    intervals for retention and choice accuracy from a bootstrap over windows."""
+    from .evals.intervals import window_bootstrap
+    from .evals.metrics import mean
+    from .evals.summary import aggregate
+
     out = []
-    for (variant, ratio), group in grouped.items():
+    for (variant, ratio), group in groups(results).items():
         pooled = aggregate([{**g["result"], "method": variant} for g in group], by_transcript=False)[0]
         losses = [g["result"]["optimisation"].get("best_loss") for g in group if g["result"].get("optimisation")]
+        retention = window_bootstrap(question_values(group, "retention"))
+        choice = window_bootstrap(question_values(group, "choice_correct"))
         out.append({
             **pooled, "variant": variant, "method": group[0]["run"]["method"], "runs": len(group),
             "seeds": len({g["seed"] for g in group}),
+            "retention_ci": (retention.low, retention.high) if retention else None,
+            "choice_ci": (choice.low, choice.high) if choice else None,
             "compress_seconds": mean(g["result"]["seconds"] for g in group),
             "run_seconds": mean(g["wall_seconds"] for g in group),
             "final_loss": mean(x for x in losses if x is not None),
             "peak_memory_mb": max(g["peak_memory_mb"] for g in group),
         })
     return sorted(out, key=_row_order)
+
+
+def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
+    """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
+    at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
+    on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval."""
+    from .evals.intervals import paired_difference
+
+    grouped = groups(results)
+    matches = [key for key in grouped if key[0] == vs] or [
+        key for key in grouped if grouped[key][0]["run"]["method"] == vs]
+    if len({variant for variant, _ in matches}) != 1:
+        known = ", ".join(sorted({v for v, _ in grouped}))
+        what = "names no run" if not matches else "matches several variants; name one"
+        raise VkvError(f"--vs {vs}: {what} (variants: {known})")
+    references = {ratio: grouped[(variant, ratio)] for variant, ratio in matches}
+    out = []
+    for (variant, ratio), group in grouped.items():
+        reference = references.get(ratio) or (references.get(None) if len(references) == 1 else None)
+        if reference is None or (variant, ratio) in matches or group[0]["run"]["method"] in REFERENCES:
+            continue
+        diffs = {metric: paired_difference(question_values(group, metric), question_values(reference, metric))
+                 for metric in ("retention", "choice_correct")}
+        out.append({"variant": variant, "ratio_requested": ratio, "reference": reference[0]["variant"],
+                    "retention": diffs["retention"], "choice": diffs["choice_correct"]})
+    return sorted(out, key=lambda r: (r["ratio_requested"] or 0.0, r["variant"]))
+
+
+DISTANCE_BUCKETS = (0, 128, 512, 2048)  # tokens between a question's nearest evidence and the span's end
+
+
+def _bucket(tokens: int) -> str:
+    edges = [*DISTANCE_BUCKETS, None]
+    for low, high in zip(edges, edges[1:]):
+        if high is None or tokens < high:
+            return f"{low}–{high - 1}" if high else f"≥{low}"
+    raise AssertionError("unreachable")
+
+
+def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict]:
+    """(columns, {(variant, ratio): {column: (mean retention, usable questions)}}) for `distance_tokens`
+    (bucketed) or `kind`; questions without the field are left out."""
+    from .evals.metrics import mean
+
+    label = _bucket if field_name == "distance_tokens" else str
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for key, group in groups(results).items():
+        for line in group:
+            for q in line["result"]["questions"]:
+                if q.get(field_name) in (None, "") or q["weak"] or q["retention"] is None:
+                    continue
+                cells[key][label(q[field_name])].append(q["retention"])
+    if field_name == "distance_tokens":
+        order = [_bucket(b) for b in DISTANCE_BUCKETS]
+        columns = [c for c in order if any(c in row for row in cells.values())]
+    else:
+        columns = sorted({c for row in cells.values() for c in row})
+    return columns, {key: {c: (mean(v), len(v)) for c, v in row.items()} for key, row in cells.items()}
+
+
+def splits(results: SweepResults) -> list[str]:
+    """The transcript splits (dev/test) the runs were scored on; "unsplit" for transcripts outside them."""
+    return sorted({line["result"].get("split") or "unsplit" for line in results.lines})
 
 
 def _row_order(row: dict) -> tuple:
@@ -119,7 +205,8 @@ COLUMNS = (  # (header, row key, format)
     ("method", "variant", "s"), ("ratio", "ratio_requested", ".1f"), ("achieved", "ratio_achieved", ".2f"),
     ("runs", "runs", "d"), ("questions", "questions", "d"), ("weak", "weak", "d"),
     ("keyword acc", "keyword_accuracy", ".3f"), ("choice acc", "choice_accuracy", ".3f"),
-    ("retention", "mean_retention", ".3f"), ("fidelity KL", "fidelity_kl", ".4f"),
+    ("choice 95% CI", "choice_ci", "ci"), ("retention", "mean_retention", ".3f"),
+    ("retention 95% CI", "retention_ci", "ci"), ("fidelity KL", "fidelity_kl", ".4f"),
     ("compress s", "compress_seconds", ".1f"), ("run s", "run_seconds", ".1f"), ("final loss", "final_loss", ".4f"),
     ("peak MB", "peak_memory_mb", ".0f"),
 )
@@ -127,7 +214,31 @@ COLUMNS = (  # (header, row key, format)
 
 def _cell(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
-    return "—" if value is None else format(value, fmt)
+    if value is None:
+        return "—"
+    return f"[{value[0]:.3f}, {value[1]:.3f}]" if fmt == "ci" else format(value, fmt)
+
+
+def _difference(interval) -> str:
+    """`+0.042 [−0.010, +0.095] n.s.`: a paired difference, marked when its interval includes 0."""
+    if interval is None:
+        return "—"
+    mark = "" if interval.separable else " n.s."
+    return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]{mark}"
+
+
+PAIRED_COLUMNS = ("method", "ratio", "vs", "questions", "windows", "Δ retention [95% CI]", "Δ choice acc [95% CI]")
+
+
+def _paired_cells(row: dict) -> list[str]:
+    ret = row["retention"]
+    return [row["variant"], "—" if row["ratio_requested"] is None else f"{row['ratio_requested']:.1f}",
+            row["reference"], str(ret.questions if ret else 0), str(ret.windows if ret else 0),
+            _difference(ret), _difference(row["choice"])]
+
+
+def _breakdown_cells(columns: list[str], row: dict) -> list[str]:
+    return [f"{row[c][0]:.3f} ({row[c][1]})" if c in row and row[c][0] is not None else "—" for c in columns]
 
 
 def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
@@ -173,16 +284,41 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
 # ---- rich tables ------------------------------------------------------------------------------------------
 
 
-def print_tables(console, results: SweepResults, table_rows: list[dict]) -> None:
+def print_tables(console, results: SweepResults, table_rows: list[dict], paired_rows: list[dict] | None = None) -> None:
     from rich.table import Table
 
     sweeps = ", ".join(sorted({line["sweep"] for line in results.lines}))
-    table = Table(title=f"{sweeps}: {len(results.lines)} runs (pooled over windows, questions and seeds)")
+    table = Table(title=f"{sweeps}, split {'+'.join(splits(results))}: {len(results.lines)} runs (pooled over "
+                        "windows, questions and seeds; 95% intervals resample windows)")
     for header, _, _ in COLUMNS:
         table.add_column(header, justify="left" if header == "method" else "right")
     for row in table_rows:
         table.add_row(*(_cell(row, key, fmt) for _, key, fmt in COLUMNS))
     console.print(table)
+    if paired_rows:
+        diff = Table(title="paired differences from the reference on shared questions (n.s.: the interval includes 0, "
+                           "not separable)")
+        for header in PAIRED_COLUMNS:
+            diff.add_column(header, justify="left" if header in ("method", "vs") else "right")
+        for row in paired_rows:
+            diff.add_row(*_paired_cells(row))
+        console.print(diff)
+    for field_name, title in (("distance_tokens", "mean retention (usable questions) by tokens between the nearest "
+                                                  "evidence and the span's end"),
+                              ("kind", "mean retention (usable questions) by question kind")):
+        columns, cells = breakdown(results, field_name)
+        if not columns:
+            continue
+        by = Table(title=title)
+        by.add_column("method")
+        by.add_column("ratio", justify="right")
+        for c in columns:
+            by.add_column(c, justify="right")
+        for row in table_rows:
+            key = (row["variant"], row["ratio_requested"])
+            if key in cells:
+                by.add_row(row["variant"], _cell(row, "ratio_requested", ".1f"), *_breakdown_cells(columns, cells[key]))
+        console.print(by)
     cols, names, grid = per_question(results)
     if len(cols) <= 16:
         q = Table(title="keyword-correct share per question (facts that degrade first at the bottom)")
@@ -312,7 +448,8 @@ def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> 
 # ---- report.md -------------------------------------------------------------------------------------------
 
 
-def markdown(results: SweepResults, table_rows: list[dict], images: list[str]) -> str:
+def markdown(results: SweepResults, table_rows: list[dict], images: list[str],
+             paired_rows: list[dict] | None = None) -> str:
     revisions = sorted({(line["git"].get("revision") or "unknown")[:10] + ("+dirty" if line["git"].get("dirty") else "")
                         for line in results.lines})
     models = sorted({f"{line['run']['model']} ({line['identity']['quant']}, {line['device']})" for line in results.lines})
@@ -321,17 +458,37 @@ def markdown(results: SweepResults, table_rows: list[dict], images: list[str]) -
         f"# Sweep report: {', '.join(sorted({line['sweep'] for line in results.lines}))}", "",
         f"{len(results.lines)} finished runs read from {', '.join(results.files)} in `{results.directory}`; every "
         "number below comes from those files.", "",
+        f"- transcript split: {', '.join(splits(results))}",
         f"- models: {'; '.join(models)}",
         f"- evaluated windows: {len(units)} ({', '.join(units)})",
         f"- code revisions: {', '.join(revisions)}",
         f"- failed runs: {len(results.errors)}", "",
         "## Results", "",
-        "Pooled over windows, questions and seeds. `compress s`: the method's own time per run; `run s`: wall time "
-        "per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU.", "",
+        "Pooled over windows, questions and seeds. 95% intervals come from a bootstrap that resamples windows (the "
+        "questions of one window are not independent). `compress s`: the method's own time per run; `run s`: wall "
+        "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU.", "",
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",
     ]
     out += ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
+    if paired_rows:
+        out += ["", f"## Paired differences from {paired_rows[0]['reference'].split()[0]}", "",
+                "Method minus reference, question by question on the questions both were scored on, at the same "
+                "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable).", "",
+                "| " + " | ".join(PAIRED_COLUMNS) + " |", "|---|---:|---|---:|---:|---:|---:|"]
+        out += ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
+    for field_name, title, note in (
+            ("distance_tokens", "Retention by distance",
+             "Mean retention of usable questions (and their count) by the number of tokens between the question's "
+             "nearest evidence (its latest source turn in the span) and the end of the compressed span."),
+            ("kind", "Retention by question kind", "Mean retention of usable questions (and their count).")):
+        columns, cells = breakdown(results, field_name)
+        if columns:
+            out += ["", f"## {title}", "", note, "", "| method | ratio | " + " | ".join(columns) + " |",
+                    "|---|---:|" + "---:|" * len(columns)]
+            out += [f"| {r['variant']} | {_cell(r, 'ratio_requested', '.1f')} | "
+                    + " | ".join(_breakdown_cells(columns, cells[(r['variant'], r['ratio_requested'])])) + " |"
+                    for r in table_rows if (r["variant"], r["ratio_requested"]) in cells]
     captions = {
         PLOTS["quality"]: "## Quality vs achieved ratio\n\nDashed: full context; dotted: no context.",
         PLOTS["loss"]: "## Optimisation loss curves",
@@ -367,6 +524,8 @@ def markdown(results: SweepResults, table_rows: list[dict], images: list[str]) -
 def add_report_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("dir", help="a sweep's --out directory")
     p.add_argument("--out", help="where to write report.md and the PNGs (default: DIR/report)")
+    p.add_argument("--vs", metavar="METHOD", help="also show every method's paired difference from this reference "
+                   "(a method, or a variant label as the table prints it), with 95%% intervals")
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -380,11 +539,12 @@ def run_report(args: argparse.Namespace) -> int:
     results = load(args.dir)
     out = Path(args.out) if args.out else results.directory / "report"
     table_rows = rows(results)
-    print_tables(console, results, table_rows)
+    paired_rows = paired(results, args.vs) if args.vs else None
+    print_tables(console, results, table_rows, paired_rows)
     images = plots(results, table_rows, out)
     if not images:
         console.print("[yellow]no plots: matplotlib is not installed (pip install 'vkv[plots]')[/]")
-    write_text_atomic(out / "report.md", markdown(results, table_rows, images))
+    write_text_atomic(out / "report.md", markdown(results, table_rows, images, paired_rows))
     console.print(f"wrote {out / 'report.md'}" + (f" and {', '.join(images)}" if images else ""))
     return 0
 

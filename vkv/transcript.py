@@ -16,6 +16,7 @@ from typing import Any
 from .errors import VkvError
 
 ROLES = ("system", "user", "assistant", "tool")
+SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
 # What a question asks about: a choice the conversation made, a value a tool output showed, or the final value of
 # something a later turn changed (its `reject` holds the stale value). Optional; reports break retention down by it.
 QUESTION_KINDS = ("decision", "tool_output", "change")
@@ -55,6 +56,12 @@ class Transcript:
     description: str = ""
     path: str = ""
     sha256: str = ""
+
+    @property
+    def split(self) -> str:
+        """`dev` or `test` for a file in a folder of that name (transcripts/dev/, transcripts/test/), else ""."""
+        folder = Path(self.path).parent.name if self.path else ""
+        return folder if folder in SPLITS else ""
 
     def default_span(self) -> tuple[int, int]:
         """Turns compressed by default: every message after the leading system message."""

@@ -180,6 +180,7 @@ class TranscriptEval:
         usable = [q for q in questions if not q["weak"]]
         return {
             "transcript": self.transcript.id,
+            "split": self.transcript.split,
             "method": name,
             "model": self.lm.name,
             "quant": self.lm.quant,
@@ -208,12 +209,26 @@ class TranscriptEval:
             },
         }
 
+    def distance(self, q: Question) -> tuple[int | None, int | None]:
+        """Tokens and messages between the question's latest source turn inside the compressed span (its nearest
+        evidence) and the span's end; None when no source turn is inside the span."""
+        first, last = self.turns
+        inside = [t for t in q.source_turns if first <= t < last]
+        if not inside:
+            return None, None
+        latest = max(inside)
+        return self.end - self.rendered.spans[latest].end, last - 1 - latest
+
     def _score(self, pq: PreparedQuestion, m: Measurement, full: Measurement, none: Measurement) -> dict[str, Any]:
         q = pq.question
         lp, lp_full, lp_none = m.choice_logprobs[0], full.choice_logprobs[0], none.choice_logprobs[0]
         gap = lp_full - lp_none
+        tokens, turns = self.distance(q)
         return {
             "id": q.id,
+            "kind": q.kind,
+            "distance_tokens": tokens,
+            "distance_turns": turns,
             "answer": m.answer,
             "keyword_correct": keyword_correct(m.answer, q.accept, q.reject),
             "choice_correct": _argmax(m.choice_logprobs) == 0,
