@@ -44,3 +44,29 @@ def test_kl_is_zero_for_identical_and_positive_otherwise():
     q = torch.log_softmax(torch.randn(3, 11), -1)
     assert kl_full_to_method(p, p) == pytest.approx(0.0, abs=1e-7)
     assert kl_full_to_method(p, q) > 0
+
+
+def test_in_transcripts_a_keyword_may_be_a_whole_path_or_module_segment():
+    assert contains_keyword("require github.com/rs/zerolog v1.33.0", "zerolog", in_paths=True)
+    assert not contains_keyword("require github.com/rs/zerolog v1.33.0", "zerolog")  # in answers, / still joins
+    assert contains_keyword("require github.com/rs/zerolog v1.33.0", "rs/zerolog", in_paths=True)
+    assert contains_keyword("import hashicorp/hcl/v2", "hcl", in_paths=True)
+    assert not contains_keyword("JWT_SECRET=dev-secret", "secret", in_paths=True)  # hyphenated names stay whole
+    assert not contains_keyword("uses node:test", "test", in_paths=True)
+    assert not contains_keyword("bcrypt.js", "bcrypt", in_paths=True)
+
+
+def test_validate_names_the_form_a_keyword_hides_in():
+    from vkv.evals.validate import check_static
+    from vkv.transcript import parse_transcript
+
+    data = {"id": "t", "messages": [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "pip install argon2-cffi==23.1.0"}],
+            "questions": [{"id": "q", "question": "Which hasher?", "accept": ["argon2"], "source_turns": [1]}]}
+    problems = check_static(parse_transcript(data)).problems
+    assert len(problems) == 1 and "appears only inside 'argon2-cffi'" in problems[0]
+    data["questions"][0]["accept"] = ["argon2", "argon2-cffi"]
+    assert check_static(parse_transcript(data)).problems == []
+    data["messages"][1]["content"] = "go get github.com/rs/zerolog"  # a path segment states it
+    data["questions"][0]["accept"] = ["zerolog"]
+    assert check_static(parse_transcript(data)).problems == []

@@ -9,20 +9,32 @@ from functools import lru_cache
 import torch
 
 # A keyword matches as a whole token: not inside a longer word (letters, digits, _ and - count as word
-# characters), and not glued to one by inner punctuation such as node:test or bcrypt.js.
+# characters), and not glued to one by inner punctuation such as node:test, bcrypt.js or done/failed (an answer
+# that hedges between two values is not the value). When checking that a *transcript* states a fact, a slash
+# separates path and module segments instead, so the keyword may be a whole segment: zerolog in
+# github.com/rs/zerolog, hcl in hashicorp/hcl/v2. Hyphenated names stay whole either way: secret is not stated by
+# dev-secret, nor argon2 by argon2-cffi (`vkv validate` names such forms so they can be added to accept).
 _WORD = r"[\w-]"
 _JOINER = r"[:./@]"
+_JOINER_IN_PATHS = r"[:.@]"
 
 
 @lru_cache(maxsize=1024)
-def _pattern(keyword: str) -> re.Pattern:
+def _pattern(keyword: str, joiner: str) -> re.Pattern:
     return re.compile(
-        rf"(?<!{_WORD})(?<!\w{_JOINER}){re.escape(keyword)}(?!{_WORD})(?!{_JOINER}\w)", re.IGNORECASE
+        rf"(?<!{_WORD})(?<!\w{joiner}){re.escape(keyword)}(?!{_WORD})(?!{joiner}\w)", re.IGNORECASE
     )
 
 
-def contains_keyword(text: str, keyword: str) -> bool:
-    return _pattern(keyword.strip()).search(text) is not None
+def contains_keyword(text: str, keyword: str, in_paths: bool = False) -> bool:
+    """`keyword` appears in `text` as a whole token; with `in_paths`, also as a whole path or module segment."""
+    return _pattern(keyword.strip(), _JOINER_IN_PATHS if in_paths else _JOINER).search(text) is not None
+
+
+def containing_forms(text: str, keyword: str) -> list[str]:
+    """The longer names (`argon2-cffi`, `bcrypt.js`) in which `keyword` appears without matching as a token."""
+    pattern = re.compile(rf"[\w:./@-]*{re.escape(keyword.strip())}[\w:./@-]*", re.IGNORECASE)
+    return sorted({m.group(0).strip(":./@") for m in pattern.finditer(text)} - {keyword.strip()})
 
 
 def keyword_correct(answer: str, accept: tuple[str, ...] | list[str], reject: tuple[str, ...] | list[str]) -> bool:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from ..transcript import Transcript
-from .metrics import contains_keyword, keyword_correct
+from .metrics import contains_keyword, containing_forms, keyword_correct
 
 
 @dataclass
@@ -30,7 +30,7 @@ def check_static(transcript: Transcript) -> Findings:
         at = f"{where}: questions[{qi}] ({q.id})"
         for keyword in q.accept:
             for i, m in outside:
-                if contains_keyword(message_text(m), keyword):
+                if contains_keyword(message_text(m), keyword, in_paths=True):
                     found.problems.append(f"{at}: accepted keyword '{keyword}' leaks into messages[{i}] ({m.role}), "
                                           "which is not compressed")
             if contains_keyword(q.question, keyword) or contains_keyword(q.answer_prefix, keyword):
@@ -44,7 +44,11 @@ def check_static(transcript: Transcript) -> Findings:
             found.warnings.append(f"{at}: no source_turns, so windowed evaluation cannot place it")
         elif not any(first <= t < end for t in q.source_turns):
             found.problems.append(f"{at}: source_turns {list(q.source_turns)} are all outside the compressed span")
-        elif not any(contains_keyword(message_text(transcript.messages[t]), k)
+        elif not any(contains_keyword(message_text(transcript.messages[t]), k, in_paths=True)
                      for t in q.source_turns for k in q.accept):
-            found.problems.append(f"{at}: no source turn states an accepted keyword")
+            forms = sorted({f for t in q.source_turns for k in q.accept
+                            for f in containing_forms(message_text(transcript.messages[t]), k)})
+            hint = (f" (it appears only inside {', '.join(repr(f) for f in forms[:4])}: add the form that states the "
+                    "answer to accept)") if forms else ""
+            found.problems.append(f"{at}: no source turn states an accepted keyword{hint}")
     return found
