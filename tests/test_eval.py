@@ -194,3 +194,60 @@ def test_questions_record_their_distance_from_the_span_end(evaluation):
     assert by_id["runner"]["distance_turns"] == 1
     assert by_id["runner"]["distance_tokens"] == evaluation.end - spans[6].end
     assert result["split"] == ""  # a fixture, not a file under transcripts/dev or transcripts/test
+
+
+def test_text_methods_per_turn_prune_each_message_with_the_request_known_then(evaluation):
+    per_turn = _KeepEvenLines(per_turn=True)
+    evaluation.evaluate(per_turn, 2.0)
+    first, last = evaluation.turns
+    messages = evaluation.transcript.messages
+    expected = []
+    for turn in range(first, last):
+        users = [m.content for m in messages[: turn + 1] if m.role == "user"]
+        expected.append(users[-1] if users else messages[0].content)
+    assert per_turn.queries == expected and len(set(expected)) > 1  # one prune per message, the query moves on
+
+
+@pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv"])
+def test_eviction_per_turn_keeps_each_turns_share_from_its_own_view(evaluation, name):
+    from vkv.sequential import allocate, message_turns
+
+    work = evaluation.work
+    group = get_method(name, per_turn=True).compress(work, 2.0)
+    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+    assert [s.span for s in group] == [(t.start, t.end) for t in turns]
+    assert [s.entries for s in group] == allocate([t.length for t in turns], 2.0)
+    assert sum(s.entries for s in group) == work.budget(2.0)
+    for segment, turn in zip(group, turns):
+        positions = segment.positions.long()
+        assert turn.start <= positions.min() and positions.max() < turn.end
+    # The first turn sits on the exact system prefix, so its kept entries are the full prefill's entries.
+    first = group[0]
+    rows = first.positions.long()
+    assert torch.allclose(first.keys, torch.stack([k[0, :, rows] for k in work.kv.keys]).float(), atol=1e-4)
+    result = evaluation.evaluate(get_method(name, per_turn=True), 2.0)
+    assert result["compressed_entries"] == work.budget(2.0) and result["optimisation"]["per_turn"]
+
+
+def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evaluation):
+    from vkv.attention import attention_to_span
+    from vkv.cache import SplicedCache, verbatim_segment
+    from vkv.methods.eviction import TurnWork
+    from vkv.sequential import message_turns, view_on_cache
+
+    work = evaluation.work
+    turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
+    history = SplicedCache()
+    history.append(verbatim_segment(work.kv, 0, turn.start))
+    view = view_on_cache(work.lm, history, work.ids, turn, queries=True)
+    turn_work = TurnWork(work.lm, work.ids, turn.start, turn.end, view.kv, view.acts, work.message_starts,
+                         kv_start=turn.start, history=history)
+    keys, queries = (turn.start, turn.end - 3), (turn.end - 3, turn.end)
+    expected = attention_to_span(work.lm, work.ids[: turn.end], keys, queries)
+    assert torch.allclose(turn_work.attention_between(keys, queries), expected, atol=1e-5)
+
+
+def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
+    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv",
+                 "--per-turn"]) == 2
+    assert "method 'vkv' has no per-turn mode" in capsys.readouterr().err

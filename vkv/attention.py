@@ -45,16 +45,23 @@ def attention_to_span(lm: FrozenLM, ids: list[int], key_range: tuple[int, int], 
     cache = lm.new_cache()
     with torch.no_grad(), query_hooks(lm, qs, qe) as queries:
         lm.model.model(input_ids=torch.tensor([ids[:qe]], device=lm.device), past_key_values=cache, use_cache=True)
-    positions = torch.arange(qs, qe)
+    keys = [layer.keys[0] for layer in cache.layers]
+    return attention_weights(lm, queries, torch.arange(qs, qe), keys, torch.arange(qe))[:, :, ks:ke]
+
+
+def attention_weights(lm: FrozenLM, queries: list[torch.Tensor] | torch.Tensor, query_positions: torch.Tensor,
+                      keys: list[torch.Tensor], key_positions: torch.Tensor) -> torch.Tensor:
+    """Attention `[layers, kv_heads, n_keys]` of pre-RoPE queries `[heads, nq, head_dim]` per layer (at
+    `query_positions`) over post-RoPE keys `[kv_heads, n_keys, head_dim]` per layer (at `key_positions`), each
+    query seeing the keys at or before its position; averaged over queries and the heads sharing a KV head."""
     group = lm.spec.num_heads // lm.spec.num_kv_heads
-    causal = torch.arange(qe)[None, :] <= positions[:, None]  # [nq, qe]
+    visible = key_positions[None, :] <= query_positions[:, None]  # [nq, n_keys]
     per_layer = []
-    for layer, q in enumerate(queries):
-        q_rot = lm.rotate(q.to(lm.device), positions)  # [H, nq, D]
-        keys = cache.layers[layer].keys[0].float()  # [Hkv, qe, D]
-        keys = keys.repeat_interleave(group, dim=0)
-        scores = q_rot @ keys.transpose(1, 2) / lm.spec.head_dim**0.5  # [H, nq, qe]
-        scores = scores.masked_fill(~causal.to(scores.device), float("-inf"))
-        probs = scores.softmax(-1)[:, :, ks:ke].mean(1)  # [H, key_len]
+    for q, k in zip(queries, keys):
+        q_rot = lm.rotate(q.float().to(lm.device), query_positions)  # [H, nq, D]
+        k = k.float().to(lm.device).repeat_interleave(group, dim=0)
+        scores = q_rot @ k.transpose(1, 2) / lm.spec.head_dim**0.5  # [H, nq, n_keys]
+        scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
+        probs = scores.softmax(-1).mean(1)  # [H, n_keys]
         per_layer.append(probs.reshape(lm.spec.num_kv_heads, group, -1).mean(1))
     return torch.stack(per_layer).cpu()

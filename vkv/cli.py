@@ -356,6 +356,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in methods:
         if name not in METHODS:
             raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
+        if args.per_turn and METHODS[name].uses_ratio and "per_turn" not in METHODS[name].options_taken:
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.options_taken)
+            raise VkvError(f"--per-turn: method '{name}' has no per-turn mode (methods with one: {per_turn}; vkv's "
+                           "is the method sequential)")
     ratios = _parse_list(args.ratio, float, "ratio")
     compress_config = compress_config_from_args(args)
     settings = EvalSettings(min_gap=args.min_gap, max_new_tokens=args.max_new_tokens, seed=args.seed)
@@ -369,7 +373,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
         for name in methods:
             method = get_method(name, compress=compress_config, query_aware=args.query_aware,
-                                checkpoint=args.checkpoint, **method_options(args))
+                                checkpoint=args.checkpoint, **method_options(args),
+                                **({"per_turn": True} if args.per_turn else {}))
             for ratio in (ratios if method.uses_ratio else [None]):
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
                 if name in ("vkv",):
@@ -590,6 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--query-aware", action="store_true",
                    help="text methods prune once per question with the question as the query (an upper bound; "
                         "reported as question-aware)")
+    p.add_argument("--per-turn", action="store_true",
+                   help="eviction and text methods compress each message when it ends, on top of the running "
+                        "compressed cache (the setting of method sequential)")
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
     p.add_argument("--max-new-tokens", type=int, default=24)

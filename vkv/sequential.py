@@ -159,19 +159,21 @@ class FullHistory:
         return segment
 
 
-def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn) -> TurnView:
-    """Feed the turn's real tokens on top of the running cache (not changing it) and record what they give."""
+def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn, queries: bool = False) -> TurnView:
+    """Feed the turn's real tokens on top of the running cache (not changing it) and record what they give
+    (with `queries`, the turn's pre-RoPE queries too)."""
     if cache.next_position != turn.start:
         raise VkvError(f"the running cache ends at position {cache.next_position}, not at the turn's start "
                        f"{turn.start}")
     context = Context(lm, cache)
-    with projection_hooks(lm, 0, turn.length) as store:
+    with projection_hooks(lm, 0, turn.length, queries) as store:
         logits = context.feed(ids[turn.start:turn.end])
     turn_ids = torch.tensor(ids[turn.start:turn.end])
     nll = -torch.log_softmax(logits[:-1], -1).gather(-1, turn_ids[1:, None].to(logits.device))[:, 0].cpu()
     surprisal = torch.cat([torch.full((1,), float("nan")), nll])  # the first token's predictor is not kept
     values, keys = torch.stack(store["values"]), torch.stack(store["keys_pre_rope"])
-    acts = Activations(values, keys, surprisal, turn.start, turn.end)
+    acts = Activations(values, keys, surprisal, turn.start, turn.end,
+                       torch.stack(store["queries_pre_rope"]) if queries else None)
     return TurnView(acts, _entries_after(context, context.base_length))
 
 

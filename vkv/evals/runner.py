@@ -132,10 +132,13 @@ class TranscriptEval:
     def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
         """Prune the span's messages as text, re-render the shorter conversation and prefill it verbatim. A
         question-aware method prunes once per question (query = that question) and is scored on it alone."""
+        first, last = self.turns
         if method.question_aware:
-            runs = [self._prune_and_measure(method, ratio, pq.question.question, [pq]) for pq in self.questions]
+            runs = [self._prune_and_measure(method, ratio, [pq.question.question] * (last - first), [pq])
+                    for pq in self.questions]
         else:
-            runs = [self._prune_and_measure(method, ratio, self.latest_request(), self.questions)]
+            queries = [self.latest_request(upto=turn + 1) for turn in range(first, last)]
+            runs = [self._prune_and_measure(method, ratio, queries, self.questions)]
         measured = [m for run in runs for m in run["measured"]]
         entries = round(mean(run["entries"] for run in runs))
         seconds = sum(run["seconds"] for run in runs)
@@ -143,12 +146,13 @@ class TranscriptEval:
         return self.result(method.name, method.config(), method.question_aware, ratio, entries, measured,
                            seconds, stats)
 
-    def _prune_and_measure(self, method: TextMethod, ratio: float, query: str,
+    def _prune_and_measure(self, method: TextMethod, ratio: float, queries: list[str],
                            questions: list[PreparedQuestion]) -> dict[str, Any]:
+        """Prune the span's messages (`queries[i]`: the query known when span message i ends), re-render, measure."""
         first, last = self.turns
         messages = list(self.transcript.messages)
         started = time.perf_counter()
-        contents = method.prune(TextWork(self.lm, messages[first:last], query), ratio)
+        contents = method.prune_span(self.lm, messages[first:last], queries, ratio)
         seconds = time.perf_counter() - started
         pruned = [replace(m, content=c if c.strip() else "…") for m, c in zip(messages[first:last], contents)]
         shorter = replace(self.transcript, messages=tuple(messages[:first] + pruned + messages[last:]))
@@ -158,13 +162,14 @@ class TranscriptEval:
         spliced = SplicedCache()
         spliced.append(verbatim_segment(cache, 0, len(rendered.ids)))
         prepared = [self._prepare(pq.question, rendered, shorter) for pq in questions]
-        report = {"query": query, "messages": dropped_lines(messages[first:last], contents, first)}
+        report = {"query": queries[-1], "messages": dropped_lines(messages[first:last], contents, first)}
         return {"measured": self.measure(spliced, prepared), "entries": end - start, "seconds": seconds,
                 "report": report}
 
-    def latest_request(self) -> str:
-        """The most recent user message up to the span's end: the question-agnostic query for text pruners."""
-        users = [m.content for m in self.transcript.messages[: self.turns[1]] if m.role == "user"]
+    def latest_request(self, upto: int | None = None) -> str:
+        """The most recent user message before message `upto` (default: the span's end): the question-agnostic
+        query for text pruners."""
+        users = [m.content for m in self.transcript.messages[: upto or self.turns[1]] if m.role == "user"]
         return users[-1] if users else self.transcript.messages[0].content
 
     def evaluate_cache(self, spliced: SplicedCache, label: str = "cache") -> dict[str, Any]:

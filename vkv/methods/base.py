@@ -31,6 +31,7 @@ class SpanWork:
     seed: int = 0
     attention: torch.Tensor | None = None  # only for explicitly question-aware variants
     message_roles: list[str] | None = None  # role of each message, parallel to message_starts
+    kv_start: int = 0  # the position of kv's first entry (0: kv holds every token before `end`)
 
     @property
     def span_length(self) -> int:
@@ -43,9 +44,17 @@ class SpanWork:
     def keep(self, relative: torch.Tensor | list[int]) -> Segment:
         """Verbatim segment of the span's tokens at these span-relative indices, at their original positions."""
         idx = torch.as_tensor(relative, dtype=torch.long).sort().values + self.start
-        keys = torch.stack([k[0, :, idx] for k in self.kv.keys]).float().cpu()
-        values = torch.stack([v[0, :, idx] for v in self.kv.values]).float().cpu()
+        rows = idx - self.kv_start
+        keys = torch.stack([k[0, :, rows] for k in self.kv.keys]).float().cpu()
+        values = torch.stack([v[0, :, rows] for v in self.kv.values]).float().cpu()
         return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
+
+    def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
+        """Attention `[layers, kv_heads, key_len]` from the tokens in query_range to those in key_range (absolute
+        positions inside the span), as the model computes it for this work's context."""
+        from ..attention import attention_to_span
+
+        return attention_to_span(self.lm, self.ids[: self.end], key_range, query_range)
 
 
 class Method:
@@ -88,3 +97,11 @@ class TextMethod(Method):
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
         raise NotImplementedError
+
+    def prune_span(self, lm: FrozenLM, messages: list, queries: list[str], ratio: float) -> list[str]:
+        """Each span message's pruned content. `queries[i]` is the query known when message i ends; the span is
+        pruned at once for the last one, or with `per_turn=True` each message on its own when it ends, with
+        the query of that moment (the text analogue of per-turn eviction)."""
+        if self.options.get("per_turn"):
+            return [self.prune(TextWork(lm, [m], q), ratio)[0] for m, q in zip(messages, queries)]
+        return self.prune(TextWork(lm, messages, queries[-1]), ratio)

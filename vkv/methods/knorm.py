@@ -1,15 +1,14 @@
 import torch
 
-from ..cache import Segment
-from .base import Method, SpanWork
+from .base import SpanWork
+from .eviction import EvictionMethod
 
 
-class KeyNorm(Method):
+class KeyNorm(EvictionMethod):
     """Keep the tokens whose keys have the lowest L2 norm (averaged over layers and KV heads)."""
 
     name = "knorm"
 
-    def compress(self, work: SpanWork, ratio: float) -> Segment:
+    def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         norms = work.acts.keys_pre_rope.norm(dim=-1).mean(dim=(0, 1))  # rotation keeps norms: pre = post
-        keep = torch.topk(-norms, work.budget(ratio)).indices
-        return work.keep(keep)
+        return torch.topk(-norms, budget).indices

@@ -18,7 +18,7 @@ class LaMRMethod(TextMethod):
     fewer lines than chatty ones. A removed run of lines inside a message becomes one `…` line."""
 
     name = "lamr"
-    options_taken = ("checkpoint", "query_aware")
+    options_taken = ("checkpoint", "query_aware", "per_turn")
 
     def __init__(self, **options):
         super().__init__(**options)

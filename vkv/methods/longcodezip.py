@@ -6,7 +6,7 @@ class LongCodeZipMethod(TextMethod):
     the latest user request; paragraphs, code fences and lines inside kept messages are pruned by knapsack."""
 
     name = "longcodezip"
-    options_taken = ("settings", "query_aware")
+    options_taken = ("settings", "query_aware", "per_turn")
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
         from ..backends.longcodezip import LongCodeZip

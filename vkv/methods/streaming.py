@@ -1,17 +1,16 @@
 import torch
 
-from ..cache import Segment
-from .base import Method, SpanWork
+from .base import SpanWork
+from .eviction import EvictionMethod
 
 
-class Streaming(Method):
+class Streaming(EvictionMethod):
     """StreamingLLM: a few attention-sink tokens at the start of the span plus the most recent window."""
 
     name = "streaming"
-    options_taken = ("sinks",)
+    options_taken = ("sinks", *EvictionMethod.options_taken)
 
-    def compress(self, work: SpanWork, ratio: float) -> Segment:
-        k = work.budget(ratio)
-        sinks = min(int(self.options.get("sinks", 4)), k // 4)
-        recent = torch.arange(work.span_length - (k - sinks), work.span_length)
-        return work.keep(torch.cat([torch.arange(sinks), recent]))
+    def select(self, work: SpanWork, budget: int) -> torch.Tensor:
+        sinks = min(int(self.options.get("sinks", 4)), budget // 4)
+        recent = torch.arange(work.span_length - (budget - sinks), work.span_length)
+        return torch.cat([torch.arange(sinks), recent])

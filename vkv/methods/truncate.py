@@ -1,14 +1,13 @@
 import torch
 
-from ..cache import Segment
-from .base import Method, SpanWork
+from .base import SpanWork
+from .eviction import EvictionMethod
 
 
-class Truncate(Method):
+class Truncate(EvictionMethod):
     """Keep the most recent span tokens' K/V at their positions (what agents do when they drop old turns)."""
 
     name = "truncate"
 
-    def compress(self, work: SpanWork, ratio: float) -> Segment:
-        k = work.budget(ratio)
-        return work.keep(torch.arange(work.span_length - k, work.span_length))
+    def select(self, work: SpanWork, budget: int) -> torch.Tensor:
+        return torch.arange(work.span_length - budget, work.span_length)

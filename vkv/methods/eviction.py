@@ -1,0 +1,75 @@
+"""Eviction methods: keep a budget of the span's own K/V entries at their original positions; only the choice of
+entries differs, so a method is one `select`, and this base class owns the rest, including the per-turn setting.
+
+Per turn (`per_turn=True`), each message of the span is compressed when it ends, on top of the running compressed
+cache, as `sequential` vkv does: the message's tokens are fed after the entries kept so far, the method selects
+from the K/V they produce (and scores with the queries they produce), and the kept entries join the cache before
+the next message. The span's entry budget is shared over the messages in proportion to their lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..cache import Segment, SplicedCache, verbatim_segment
+from ..model import KVPrefix
+from ..segment_group import SegmentGroup
+from .base import Method, SpanWork
+
+
+class EvictionMethod(Method):
+    """A KV-eviction method: `select(work, budget)` returns the span-relative indices of the entries to keep."""
+
+    options_taken: tuple[str, ...] = ("per_turn",)
+
+    def select(self, work: SpanWork, budget: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def compress(self, work: SpanWork, ratio: float) -> Segment | SegmentGroup:
+        if self.options.get("per_turn"):
+            return self.compress_per_turn(work, ratio)
+        return work.keep(self.select(work, work.budget(ratio)))
+
+    def compress_per_turn(self, work: SpanWork, ratio: float) -> SegmentGroup:
+        from ..sequential import allocate, message_turns, turn_stats, view_on_cache
+
+        cache = SplicedCache()
+        if work.start > 0:
+            cache.append(verbatim_segment(work.kv, 0, work.start))
+        turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+        segments = []
+        for turn, budget in zip(turns, allocate([t.length for t in turns], ratio)):
+            view = view_on_cache(work.lm, cache, work.ids, turn, queries=True)
+            turn_work = TurnWork(work.lm, work.ids, turn.start, turn.end, view.kv, view.acts, work.message_starts,
+                                 work.seed, message_roles=work.message_roles, kv_start=turn.start, history=cache)
+            segment = turn_work.keep(self.select(turn_work, budget))
+            segment.stats = turn_stats(turn)
+            cache.append(segment)
+            segments.append(segment)
+        return SegmentGroup(segments, {"per_turn": True, "turns": len(segments)})
+
+
+class TurnWork(SpanWork):
+    """One message's tokens as the model computed them on top of a running compressed cache (`history`): kv holds
+    the message's own entries only, and attention is computed over the history's entries plus the message's."""
+
+    def __init__(self, *args, history: SplicedCache, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.history = history
+
+    def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
+        (ks, ke), (qs, qe) = key_range, query_range
+        if not (self.start <= ks < ke <= self.end and self.start <= qs < qe <= self.end):
+            raise ValueError(f"attention inside a turn: [{qs}, {qe}) → [{ks}, {ke}) leaves the turn "
+                             f"[{self.start}, {self.end})")
+        from ..attention import attention_weights
+
+        # The history never carries a mass here: per-turn eviction keeps real entries only, one token each.
+        history = self.history.kv() if self.history.segments else KVPrefix([torch.zeros(1, k.shape[1], 0, k.shape[3])
+                                                                           for k in self.kv.keys], [])
+        keys = [torch.cat([h[0].to(k.device), k[0]], dim=1) for h, k in zip(history.keys, self.kv.keys)]
+        positions = torch.cat([s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()])
+        queries = [q[:, qs - self.start: qe - self.start] for q in self.acts.queries_pre_rope]
+        weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions)
+        offset = self.history.physical_length
+        return weights[:, :, offset + ks - self.start: offset + ke - self.start]
