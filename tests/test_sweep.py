@@ -266,3 +266,25 @@ def test_two_real_shards_write_their_own_files_and_cover_the_grid(tmp_path, test
     errors = read_results(sharded, "errors*.jsonl")
     assert [e["run_id"] for e in errors] == [failing] and "entries" in errors[0]["error"]
     assert sorted(codes) == [0, 1]  # the shard with the failed run says so
+
+
+def test_transcript_wildcards_expand_to_the_matching_files_sorted(tmp_path):
+    (tmp_path / "split").mkdir()
+    for name in ("b.json", "a.json", "notes.txt"):
+        (tmp_path / "split" / name).write_text("{}")
+    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['split/*.json', 'MINI']\n"
+                                "[[grid]]\nmethods = ['none']\n")
+    assert load_experiment(path).grids[0]["transcripts"] == ["split/a.json", "split/b.json", MINI]
+    empty = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['nothing/*.json']\n[[grid]]\nmethods = ['none']\n",
+                       name="empty.toml")
+    with pytest.raises(VkvError, match=r"field transcripts: 'nothing/\*.json' matches no file"):
+        load_experiment(empty)
+
+
+def test_eviction_methods_take_per_turn_as_a_grid_option(tmp_path):
+    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\n[[grid]]\n"
+                                "methods = ['knorm', 'snapkv', 'longcodezip']\nratios = [2]\n"
+                                "knorm = { per_turn = true }\nsnapkv = { per_turn = true }\n"
+                                "longcodezip = { per_turn = true }\n")
+    methods = [build_method(p) for p in expand(load_experiment(path))]
+    assert [m.options.get("per_turn") for m in methods] == [True, True, True]

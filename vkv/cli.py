@@ -451,6 +451,7 @@ def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
 
     lm = load_from_args(args)
     warnings = []
+    counts: dict[str, list[int]] = {}  # split → [questions, usable]
     table = Table(title="no-context default and context gap per question")
     for col in ("window", "question", "no-context pick", "full-context pick", "gap (nats)"):
         table.add_column(col)
@@ -464,11 +465,17 @@ def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
                 pick = lambda m: options[max(range(len(options)), key=m.choice_logprobs.__getitem__)]  # noqa: E731
                 gap = full.choice_logprobs[0] - none.choice_logprobs[0]
                 table.add_row(unit.id, q.id, pick(none), pick(full), f"{gap:.2f}")
+                tally = counts.setdefault(transcript.split or "unsplit", [0, 0])
+                tally[0] += 1
+                tally[1] += gap >= args.min_gap
                 if len(options) > 1 and pick(none) == options[0]:
                     warnings.append(f"{unit.id}: {q.id}: the model already picks the right answer with no context")
                 if gap < args.min_gap:
                     warnings.append(f"{unit.id}: {q.id}: full-vs-none gap {gap:.2f} nats is below {args.min_gap}")
     console.print(table)
+    for split, (questions, usable) in sorted(counts.items()):
+        console.print(f"split {split}: {usable} of {questions} questions usable (full-vs-none gap ≥ {args.min_gap} "
+                      f"nats in {args.window}-token windows)")
     return warnings
 
 

@@ -84,8 +84,9 @@ def run_sweep(args: argparse.Namespace) -> int:
     mine = take_shard(runs, *shard)
     done = {line.get("run_id") for line in read_results(out)} if out.is_dir() else set()
     pending = [r for r in mine if r.id not in done]
-    console.print(f"{experiment.name}: {len(runs)} runs in the grid, {len(mine)} in shard {shard[0]}/{shard[1]}, "
-                  f"{len(mine) - len(pending)} already done, {len(pending)} to run")
+    split = "+".join(sorted({r.unit.transcript.split or "unsplit" for r in runs})) or "—"
+    console.print(f"{experiment.name} (transcript split: {split}): {len(runs)} runs in the grid, {len(mine)} in shard "
+                  f"{shard[0]}/{shard[1]}, {len(mine) - len(pending)} already done, {len(pending)} to run")
     if args.dry_run:
         _print_plan(console, pending)
         return 0

@@ -72,13 +72,31 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
     grids = data.get("grid", [{}])
     if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
         raise VkvError(f"{p}: field grid must be an array of tables, written [[grid]]")
-    merged = [_merge(defaults, g) for g in grids or [{}]]
+    merged = [_expand_globs(p, _merge(defaults, g)) for g in grids or [{}]]
     allowed = (*PLAIN_KEYS, *compress_keys(), *_method_names())
     for i, grid in enumerate(merged):
         _no_unknown(p, f"[[grid]] #{i + 1}", grid, allowed)
     evals = _table(p, data, "eval")
     _no_unknown(p, "[eval]", evals, tuple(eval_keys()))
     return Experiment(p, str(data.get("name", p.stem)), str(data.get("description", "")), merged, evals)
+
+
+def _expand_globs(path: Path, grid: dict) -> dict:
+    """Transcript entries with wildcards (`../transcripts/test/*.json`) become the matching files, sorted."""
+    entries = grid.get("transcripts")
+    if entries is None:
+        return grid
+    expanded = []
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if isinstance(entry, str) and any(c in entry for c in "*?["):
+            base = path.parent
+            matches = sorted(str(m.relative_to(base)) for m in base.glob(entry))
+            if not matches:
+                raise VkvError(f"{path}: field transcripts: '{entry}' matches no file (relative to {base})")
+            expanded += matches
+        else:
+            expanded.append(entry)
+    return {**grid, "transcripts": expanded}
 
 
 def _table(path: Path, data: dict, key: str) -> dict:
