@@ -156,13 +156,18 @@ def test_static_validation_finds_leaks():
     assert any("choices[0] 'bcrypt' is not an accepted answer" in p for p in found.problems)
 
 
-def test_bundled_transcripts_validate(capsys):
+def test_bundled_transcripts_validate(capsys, smol_tokenizer):
     paths = [str(p) for p in bundled_transcripts()]
-    assert len(paths) >= 4
+    assert len(paths) >= 20
     assert main(["validate", *paths]) == 0
+    splits = {"dev": 0, "test": 0}
     for path in bundled_transcripts():
         t = load_transcript(path)
-        assert len(t.questions) >= 8 and 20 <= len(t.messages) <= 60
+        splits[t.split] += len(t.questions)
+        assert len(t.questions) >= 8 and len(render(t, smol_tokenizer).ids) >= 1500, path
+        if t.questions[0].kind:  # the new transcripts label every question, with each kind present
+            assert {q.kind for q in t.questions} == {"decision", "tool_output", "change"}, path
+    assert splits["test"] >= 200 and sum(splits.values()) >= 350
 
 
 def test_eval_cli_writes_design_json(tmp_path, test_model_dir, mini_transcript_path):
