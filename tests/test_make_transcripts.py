@@ -1,0 +1,25 @@
+"""scripts/make_transcripts.py: deterministic, and what it writes validates."""
+
+import subprocess
+import sys
+
+from vkv.evals.validate import check_static
+from vkv.transcript import load_transcript
+
+from .conftest import ROOT
+
+
+def generate(out):
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_transcripts.py"), "--out", str(out), "--seed", "0"],
+                   check=True, capture_output=True, timeout=600)
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("*/*.json"))}
+
+
+def test_generator_is_deterministic_and_its_transcripts_validate(tmp_path):
+    first, second = generate(tmp_path / "a"), generate(tmp_path / "b")
+    assert first == second and len(first) == 12
+    assert {name.split("/")[0] for name in first} == {"dev", "test"}
+    for name in first:
+        transcript = load_transcript(tmp_path / "a" / name)
+        assert check_static(transcript).problems == [], name
+        assert {q.kind for q in transcript.questions} == {"decision", "tool_output", "change"}
