@@ -76,6 +76,13 @@ class CodeFact:
     strength: int
 
 
+def same_number(a: str, b: str) -> bool:
+    try:
+        return float(a.replace("_", "")) == float(b.replace("_", ""))
+    except ValueError:
+        return False
+
+
 def neighbours(value: str) -> list[str]:
     """Plausible wrong numbers of the same shape as `value`."""
     try:
@@ -122,7 +129,7 @@ def code_facts(rel: str) -> tuple[CodeFact, ...]:
 
     def pool(value: str) -> tuple[str, ...]:
         key = "num" if re.fullmatch(r"[-\d._e]+", value) else "str"
-        found = sorted(set(literals[key]) - {value})
+        found = sorted(x for x in set(literals[key]) if not same_number(x, value) and x != value)
         return tuple(found + neighbours(value) + (["auto", "default", "strict"] if key == "str" else []))
 
     def visit(body, owner: str):
@@ -787,7 +794,7 @@ def scene_read_config(s: Session):
         t = s.act(f"Our report plots use the `{p.stem}` style; checking its values.", "bash",
                   {"command": f"grep -v '^#' site-packages/{p.relative_to(SITE)} | grep ."}, "\n".join(body))
         pairs = [tuple(x.strip() for x in ln.split(":", 1)) for ln in body if ":" in ln]
-        pairs = [(k, v) for k, v in pairs if re.fullmatch(r"[\w.#-]+", v) and v not in ("True", "False")
+        pairs = [(k, v) for k, v in pairs if re.fullmatch(r"[\w.#-]+", v) and v not in ("True", "False", "0", "1")
                  and sum(v == w for _, w in pairs) == 1]
         for k, v in s.pick(pairs, min(2, len(pairs))):
             others = sorted({w for _, w in pairs if w != v})
