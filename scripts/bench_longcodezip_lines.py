@@ -35,7 +35,7 @@ def main() -> int:
     from vkv.backends.longcodezip.settings import LongCodeZipSettings
     from vkv.backends.longcodezip.source import read_source
     from vkv.backends.longcodezip.tokens import tokenize_lines
-    from vkv.model import load_model
+    from vkv.lm.load import load_model
 
     lm = load_model(args.model)
     text = read_source(args.file)

@@ -44,16 +44,29 @@ import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from vkv.evals.metrics import contains_keyword, keyword_correct
 from vkv.evals.validate import message_text
-from vkv.transcript import parse_transcript
+from vkv.text.transcript import parse_transcript
 
 SITE = Path(sysconfig.get_paths()["purelib"])
-CODE_PACKAGES = ["_pytest", "anyio", "charset_normalizer", "click", "h11", "httpx2", "jinja2", "pyparsing",
-                 "rich", "tqdm", "typer", "urllib3", "yaml"]
+CODE_PACKAGES = [
+    "_pytest",
+    "anyio",
+    "charset_normalizer",
+    "click",
+    "h11",
+    "httpx2",
+    "jinja2",
+    "pyparsing",
+    "rich",
+    "tqdm",
+    "typer",
+    "urllib3",
+    "yaml",
+]
 META_DISTS = ["anyio", "httpx2", "huggingface_hub", "jinja2", "pydantic", "requests", "rich", "typer"]
 ENTRY_DISTS = ["charset_normalizer", "huggingface_hub", "markdown_it_py", "pygments", "tqdm", "typer"]
 TRIVIAL = {0, 1, -1, 2, 10, 100}
@@ -66,12 +79,12 @@ DEBUG = False
 
 @dataclass(frozen=True)
 class CodeFact:
-    kind: str        # default | param | const | base | raises | message
+    kind: str  # default | param | const | base | raises | message
     question: str
     prefix: str
-    answer: str      # the accepted keyword, also choices[0]
+    answer: str  # the accepted keyword, also choices[0]
     wrong: tuple[str, ...]
-    line: int        # 1-based line that states it
+    line: int  # 1-based line that states it
     anchor: tuple[int, int]  # enclosing definition; the excerpt is cut from it
     strength: int
 
@@ -94,7 +107,7 @@ def neighbours(value: str) -> list[str]:
     return [str(int(x) * 2), str(int(x) // 2), str(int(x) + 1), "64"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_facts(rel: str) -> tuple[CodeFact, ...]:
     """Every question-worthy fact `ast` finds in one installed source file."""
     src = (SITE / rel).read_text(encoding="utf-8")
@@ -104,7 +117,7 @@ def code_facts(rel: str) -> tuple[CodeFact, ...]:
     def seg(node) -> str | None:  # ast.get_source_segment is quadratic on big files
         if node.lineno != node.end_lineno:
             return None
-        return blines[node.lineno - 1][node.col_offset:node.end_col_offset].decode()
+        return blines[node.lineno - 1][node.col_offset : node.end_col_offset].decode()
 
     def lit(node) -> str | None:
         if not isinstance(node, ast.Constant) or isinstance(node.value, bool) or node.value is None:
@@ -121,8 +134,15 @@ def code_facts(rel: str) -> tuple[CodeFact, ...]:
     for node in nodes:
         if isinstance(node, ast.Constant) and lit(node):
             literals["str" if isinstance(node.value, str) else "num"].append(lit(node))
-    bases = sorted({seg(b) for n in nodes if isinstance(n, ast.ClassDef) for b in n.bases
-                    if isinstance(b, (ast.Name, ast.Attribute)) and seg(b)})
+    bases = sorted(
+        {
+            seg(b)
+            for n in nodes
+            if isinstance(n, ast.ClassDef)
+            for b in n.bases
+            if isinstance(b, (ast.Name, ast.Attribute)) and seg(b)
+        }
+    )
     messages = sorted({_message(n) for n in nodes if isinstance(n, ast.Raise) and _message(n)})
     facts: list[CodeFact] = []
     where = f"`site-packages/{rel}`"
@@ -138,53 +158,110 @@ def code_facts(rel: str) -> tuple[CodeFact, ...]:
                 span = (node.lineno, node.end_lineno)
                 base = seg(node.bases[0]) if node.bases else None
                 if base and base not in ("object", "Exception", "Protocol", "Generic", "ABC", "NamedTuple"):
-                    facts.append(CodeFact("base", f"Which base class does `{node.name}` extend in {where}?",
-                                          f"`{node.name}` extends", base,
-                                          tuple([b for b in bases if b != base] + ["object", "Exception", "ABC"]),
-                                          node.lineno, span, 3))
+                    facts.append(
+                        CodeFact(
+                            "base",
+                            f"Which base class does `{node.name}` extend in {where}?",
+                            f"`{node.name}` extends",
+                            base,
+                            tuple([b for b in bases if b != base] + ["object", "Exception", "ABC"]),
+                            node.lineno,
+                            span,
+                            3,
+                        )
+                    )
                 visit(node.body, node.name + ".")
             elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 function(node, owner + node.name)
             elif isinstance(node, ast.Assign) and not owner and len(node.targets) == 1:
                 t, value = node.targets[0], lit(node.value)
                 if isinstance(t, ast.Name) and re.fullmatch(r"_?[A-Z][A-Z0-9_]{3,}", t.id) and value:
-                    facts.append(CodeFact("const", f"What value is `{t.id}` set to in {where}?",
-                                          f"`{t.id}` is set to", value, pool(value), node.lineno,
-                                          (node.lineno, node.end_lineno), 4 if len(value) > 3 else 3))
+                    facts.append(
+                        CodeFact(
+                            "const",
+                            f"What value is `{t.id}` set to in {where}?",
+                            f"`{t.id}` is set to",
+                            value,
+                            pool(value),
+                            node.lineno,
+                            (node.lineno, node.end_lineno),
+                            4 if len(value) > 3 else 3,
+                        )
+                    )
 
     def function(node, qual: str):
         span = (min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno)
         args = node.args.posonlyargs + node.args.args
-        pairs = list(zip(args[len(args) - len(node.args.defaults):], node.args.defaults))
+        pairs = list(zip(args[len(args) - len(node.args.defaults) :], node.args.defaults))
         pairs += [(a, d) for a, d in zip(node.args.kwonlyargs, node.args.kw_defaults) if d is not None]
         values = [lit(d) for _, d in pairs]
         names = [a.arg for a in args + node.args.kwonlyargs if a.arg not in ("self", "cls")]
         for (arg, d), value in zip(pairs, values):
             if not value:
                 continue
-            facts.append(CodeFact("default", f"In {where}, what is the default value of `{arg.arg}` in `{qual}()`?",
-                                  f"`{qual}()` defaults `{arg.arg}` to", value, pool(value), d.lineno, span,
-                                  4 if "." in value or len(value) > 3 else 3))
+            facts.append(
+                CodeFact(
+                    "default",
+                    f"In {where}, what is the default value of `{arg.arg}` in `{qual}()`?",
+                    f"`{qual}()` defaults `{arg.arg}` to",
+                    value,
+                    pool(value),
+                    d.lineno,
+                    span,
+                    4 if "." in value or len(value) > 3 else 3,
+                )
+            )
             if values.count(value) == 1 and ("_" in arg.arg.strip("_") or len(arg.arg) >= 7):
-                facts.append(CodeFact("param", f"Which parameter of `{qual}()` in {where} defaults to `{value}`?",
-                                      "That parameter is", arg.arg, tuple([n for n in names if n != arg.arg] +
-                                                                          ["timeout", "max_size", "limit"]),
-                                      d.lineno, span, 4))
-        raises = [n for n in ast.walk(node) if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call)
-                  and isinstance(n.exc.func, ast.Name)]
+                facts.append(
+                    CodeFact(
+                        "param",
+                        f"Which parameter of `{qual}()` in {where} defaults to `{value}`?",
+                        "That parameter is",
+                        arg.arg,
+                        tuple([n for n in names if n != arg.arg] + ["timeout", "max_size", "limit"]),
+                        d.lineno,
+                        span,
+                        4,
+                    )
+                )
+        raises = [
+            n
+            for n in ast.walk(node)
+            if isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and isinstance(n.exc.func, ast.Name)
+        ]
         raises.sort(key=lambda n: n.lineno)
         kinds = sorted({n.exc.func.id for n in raises})
         if len(kinds) == 1 and kinds[0] not in ("ValueError", "TypeError", "RuntimeError", "NotImplementedError"):
-            facts.append(CodeFact("raises", f"Which exception class does `{qual}()` in {where} raise?",
-                                  f"`{qual}()` raises", kinds[0], ("ValueError", "TypeError", "RuntimeError"),
-                                  raises[0].lineno, span, 4))
+            facts.append(
+                CodeFact(
+                    "raises",
+                    f"Which exception class does `{qual}()` in {where} raise?",
+                    f"`{qual}()` raises",
+                    kinds[0],
+                    ("ValueError", "TypeError", "RuntimeError"),
+                    raises[0].lineno,
+                    span,
+                    4,
+                )
+            )
         for n in raises:
             msg = _message(n)
             if msg:
-                facts.append(CodeFact("message", f"What error message does `{qual}()` in {where} raise "
-                                      f"`{n.exc.func.id}` with?", f"It raises `{n.exc.func.id}` with the message",
-                                      msg, tuple([m for m in messages if m != msg] + ["invalid argument given",
-                                                 "unexpected value", "operation not supported"]), n.lineno, span, 5))
+                facts.append(
+                    CodeFact(
+                        "message",
+                        f"What error message does `{qual}()` in {where} raise `{n.exc.func.id}` with?",
+                        f"It raises `{n.exc.func.id}` with the message",
+                        msg,
+                        tuple(
+                            [m for m in messages if m != msg]
+                            + ["invalid argument given", "unexpected value", "operation not supported"]
+                        ),
+                        n.lineno,
+                        span,
+                        5,
+                    )
+                )
 
     visit(tree.body, "")
     return tuple(facts)
@@ -193,8 +270,12 @@ def code_facts(rel: str) -> tuple[CodeFact, ...]:
 def _message(node: ast.Raise) -> str | None:
     """The first words of a raised exception's literal message (a whole-token phrase), else None."""
     exc = node.exc
-    if not (isinstance(exc, ast.Call) and exc.args and isinstance(exc.args[0], ast.Constant)
-            and isinstance(exc.args[0].value, str)):
+    if not (
+        isinstance(exc, ast.Call)
+        and exc.args
+        and isinstance(exc.args[0], ast.Constant)
+        and isinstance(exc.args[0].value, str)
+    ):
         return None
     text = exc.args[0].value
     words = re.findall(r"[A-Za-z][\w-]*", text)
@@ -204,10 +285,15 @@ def _message(node: ast.Raise) -> str | None:
     return phrase if phrase in text else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def source_files(package: str) -> tuple[str, ...]:
-    return tuple(sorted(str(p.relative_to(SITE)) for p in (SITE / package).rglob("*.py")
-                        if "__pycache__" not in p.parts and "test" not in p.name))
+    return tuple(
+        sorted(
+            str(p.relative_to(SITE))
+            for p in (SITE / package).rglob("*.py")
+            if "__pycache__" not in p.parts and "test" not in p.name
+        )
+    )
 
 
 def pick_code_excerpt(rng: random.Random, used: set):
@@ -228,7 +314,7 @@ def pick_code_excerpt(rng: random.Random, used: set):
             lo = max(a if first - a < 8 else first - 3, 1)
             hi = min(max(b, first + 2), lo + 11, len(lines))
             inside = [f for f in facts if lo <= f.line <= hi]
-            text = lines[lo - 1:hi]
+            text = lines[lo - 1 : hi]
             if len({f.answer for f in inside}) >= 2 and sum(map(len, text)) < 600 and max(map(len, text)) < 96:
                 used.add(rel)
                 return rel, lo, hi, text, inside
@@ -257,103 +343,257 @@ SCENARIOS = [  # split, task slug, task, language, project, domain noun
 ]
 
 LANGS = {
-    "python": dict(cfg="config/settings.toml", fmt="toml", test="pytest -q", src="src/{p}/{n}s.py",
-                   const="{name} = {v}", libs=[
-                       ("payload validation", "msgspec", ["pydantic", "marshmallow", "attrs"]),
-                       ("retries", "stamina", ["tenacity", "backoff", "retrying"]),
-                       ("outgoing HTTP calls", "niquests", ["requests", "httpx", "aiohttp"]),
-                       ("freezing time in tests", "time-machine", ["freezegun", "pytest-freezer", "libfaketime"])]),
-    "typescript": dict(cfg="config/default.json", fmt="json", test="npx jest", src="src/{n}/{n}.service.ts",
-                       const="export const {name} = {v};", libs=[
-                           ("logging", "pino", ["winston", "bunyan", "morgan"]),
-                           ("schema validation", "valibot", ["zod", "joi", "yup"]),
-                           ("outgoing HTTP calls", "undici", ["axios", "node-fetch", "got"]),
-                           ("the job queue", "bullmq", ["bull", "agenda", "bee-queue"])]),
-    "go": dict(cfg="config/{p}.yaml", fmt="yaml", test="go test ./...", src="internal/{n}/{n}.go",
-               const="const {name} = {v}", libs=[
-                   ("configuration loading", "koanf", ["viper", "envconfig", "cleanenv"]),
-                   ("logging", "zerolog", ["zap", "logrus", "slog"]),
-                   ("HTTP routing", "chi", ["gin", "echo", "gorilla/mux"]),
-                   ("test mocks", "moq", ["gomock", "mockery", "testify"])]),
-    "rust": dict(cfg="{p}.toml", fmt="toml", test="cargo test", src="src/{n}.rs",
-                 const="pub const {name}: usize = {v};", libs=[
-                     ("argument parsing", "argh", ["clap", "structopt", "pico-args"]),
-                     ("error types", "snafu", ["anyhow", "thiserror", "eyre"]),
-                     ("fast hashing", "ahash", ["fxhash", "siphasher", "seahash"]),
-                     ("the CSV tokenizer", "csv-core", ["csv", "nom", "serde"])]),
-    "java": dict(cfg="src/main/resources/application.yml", fmt="yaml", test="mvn -q test",
-                 src="src/main/java/com/acme/{n}/{Nc}Service.java", const="private static final int {name} = {v};",
-                 libs=[("retries", "resilience4j", ["spring-retry", "failsafe", "guava-retrying"]),
-                       ("in-process caching", "caffeine", ["guava", "ehcache", "hazelcast"]),
-                       ("JSON mapping", "moshi", ["jackson", "gson", "jsonb"]),
-                       ("outgoing HTTP calls", "okhttp", ["webclient", "retrofit", "httpclient"])]),
-    "ruby": dict(cfg="config/{p}.yml", fmt="yaml", test="bundle exec rspec", src="app/services/{n}_cache.rb",
-                 const="{name} = {v}", libs=[
-                     ("caching", "dalli", ["redis", "memcache-client", "activesupport"]),
-                     ("JSON encoding", "oj", ["json", "yajl", "multi_json"]),
-                     ("background jobs", "good_job", ["sidekiq", "resque", "delayed_job"]),
-                     ("HTTP calls", "httpx", ["faraday", "httparty", "typhoeus"])]),
+    "python": dict(
+        cfg="config/settings.toml",
+        fmt="toml",
+        test="pytest -q",
+        src="src/{p}/{n}s.py",
+        const="{name} = {v}",
+        libs=[
+            ("payload validation", "msgspec", ["pydantic", "marshmallow", "attrs"]),
+            ("retries", "stamina", ["tenacity", "backoff", "retrying"]),
+            ("outgoing HTTP calls", "niquests", ["requests", "httpx", "aiohttp"]),
+            ("freezing time in tests", "time-machine", ["freezegun", "pytest-freezer", "libfaketime"]),
+        ],
+    ),
+    "typescript": dict(
+        cfg="config/default.json",
+        fmt="json",
+        test="npx jest",
+        src="src/{n}/{n}.service.ts",
+        const="export const {name} = {v};",
+        libs=[
+            ("logging", "pino", ["winston", "bunyan", "morgan"]),
+            ("schema validation", "valibot", ["zod", "joi", "yup"]),
+            ("outgoing HTTP calls", "undici", ["axios", "node-fetch", "got"]),
+            ("the job queue", "bullmq", ["bull", "agenda", "bee-queue"]),
+        ],
+    ),
+    "go": dict(
+        cfg="config/{p}.yaml",
+        fmt="yaml",
+        test="go test ./...",
+        src="internal/{n}/{n}.go",
+        const="const {name} = {v}",
+        libs=[
+            ("configuration loading", "koanf", ["viper", "envconfig", "cleanenv"]),
+            ("logging", "zerolog", ["zap", "logrus", "slog"]),
+            ("HTTP routing", "chi", ["gin", "echo", "gorilla/mux"]),
+            ("test mocks", "moq", ["gomock", "mockery", "testify"]),
+        ],
+    ),
+    "rust": dict(
+        cfg="{p}.toml",
+        fmt="toml",
+        test="cargo test",
+        src="src/{n}.rs",
+        const="pub const {name}: usize = {v};",
+        libs=[
+            ("argument parsing", "argh", ["clap", "structopt", "pico-args"]),
+            ("error types", "snafu", ["anyhow", "thiserror", "eyre"]),
+            ("fast hashing", "ahash", ["fxhash", "siphasher", "seahash"]),
+            ("the CSV tokenizer", "csv-core", ["csv", "nom", "serde"]),
+        ],
+    ),
+    "java": dict(
+        cfg="src/main/resources/application.yml",
+        fmt="yaml",
+        test="mvn -q test",
+        src="src/main/java/com/acme/{n}/{Nc}Service.java",
+        const="private static final int {name} = {v};",
+        libs=[
+            ("retries", "resilience4j", ["spring-retry", "failsafe", "guava-retrying"]),
+            ("in-process caching", "caffeine", ["guava", "ehcache", "hazelcast"]),
+            ("JSON mapping", "moshi", ["jackson", "gson", "jsonb"]),
+            ("outgoing HTTP calls", "okhttp", ["webclient", "retrofit", "httpclient"]),
+        ],
+    ),
+    "ruby": dict(
+        cfg="config/{p}.yml",
+        fmt="yaml",
+        test="bundle exec rspec",
+        src="app/services/{n}_cache.rb",
+        const="{name} = {v}",
+        libs=[
+            ("caching", "dalli", ["redis", "memcache-client", "activesupport"]),
+            ("JSON encoding", "oj", ["json", "yajl", "multi_json"]),
+            ("background jobs", "good_job", ["sidekiq", "resque", "delayed_job"]),
+            ("HTTP calls", "httpx", ["faraday", "httparty", "typhoeus"]),
+        ],
+    ),
 }
 
 # key, label, value pool, default guesses, question, answer prefix. {p}/{P} project, {n}/{N} domain noun.
 SETTINGS = [
-    ("port", "the HTTP port", [4817, 5193, 7342, 6127, 8391, 9047, 3719, 6683, 5871, 7604], ["8080", "3000", "8000"],
-     "Which port does {p} listen on?", "{p} listens on port"),
-    ("request_timeout", "the upstream request timeout", ["45s", "17s", "38s", "52s", "23s", "65s", "28s"],
-     ["30s", "60s", "10s"], "What is {p}'s upstream request timeout?", "The upstream request timeout is"),
-    ("max_retries", "the retry limit", [7, 9, 11, 6, 13], ["3", "5", "10"],
-     "How many retries does {p} allow before giving up?", "The retry limit is"),
-    ("cache_ttl", "the cache TTL", ["270s", "420s", "95s", "1350s", "810s"], ["300s", "60s", "3600s"],
-     "What TTL do {p}'s cache entries get?", "Cache entries expire after"),
-    ("pool_size", "the connection pool size", [12, 14, 22, 18, 26, 34], ["10", "5", "20"],
-     "How large is {p}'s connection pool?", "The connection pool size is"),
-    ("batch_size", "the batch size", [384, 750, 96, 1536, 640, 288], ["100", "1000", "500"],
-     "What batch size does {p} process records in?", "Records are processed in batches of"),
-    ("dsn_env", "the variable holding the database DSN", ["{P}_STORE_DSN", "{P}_PG_URL", "{P}_{N}_DSN", "{N}DB_CONN"],
-     ["DATABASE_URL", "DB_URL", "POSTGRES_URL"], "Which environment variable holds {p}'s database DSN?",
-     "The DSN is read from"),
-    ("audit_log", "the audit log path", ["var/log/{p}/audit.jsonl", "run/{p}-events.ndjson", "state/{n}-trail.log"],
-     ["logs/app.log", "/var/log/app.log", "app.log"], "Where does {p} write its audit log?", "The audit log is written to"),
-    ("retry_queue", "the retry queue", ["{n}s.retry.v2", "{p}-deadletter-7d", "{n}-slow-lane"],
-     ["default", "jobs", "retry"], "What is the name of {p}'s retry queue?", "The retry queue is called"),
-    ("tenant_header", "the tenant header", ["X-{Pc}-Tenant", "X-Shard-Key", "X-{Nc}-Realm"],
-     ["X-Request-Id", "Authorization", "X-Tenant-Id"], "Which request header carries the tenant for {p}?",
-     "The tenant is carried in"),
+    (
+        "port",
+        "the HTTP port",
+        [4817, 5193, 7342, 6127, 8391, 9047, 3719, 6683, 5871, 7604],
+        ["8080", "3000", "8000"],
+        "Which port does {p} listen on?",
+        "{p} listens on port",
+    ),
+    (
+        "request_timeout",
+        "the upstream request timeout",
+        ["45s", "17s", "38s", "52s", "23s", "65s", "28s"],
+        ["30s", "60s", "10s"],
+        "What is {p}'s upstream request timeout?",
+        "The upstream request timeout is",
+    ),
+    (
+        "max_retries",
+        "the retry limit",
+        [7, 9, 11, 6, 13],
+        ["3", "5", "10"],
+        "How many retries does {p} allow before giving up?",
+        "The retry limit is",
+    ),
+    (
+        "cache_ttl",
+        "the cache TTL",
+        ["270s", "420s", "95s", "1350s", "810s"],
+        ["300s", "60s", "3600s"],
+        "What TTL do {p}'s cache entries get?",
+        "Cache entries expire after",
+    ),
+    (
+        "pool_size",
+        "the connection pool size",
+        [12, 14, 22, 18, 26, 34],
+        ["10", "5", "20"],
+        "How large is {p}'s connection pool?",
+        "The connection pool size is",
+    ),
+    (
+        "batch_size",
+        "the batch size",
+        [384, 750, 96, 1536, 640, 288],
+        ["100", "1000", "500"],
+        "What batch size does {p} process records in?",
+        "Records are processed in batches of",
+    ),
+    (
+        "dsn_env",
+        "the variable holding the database DSN",
+        ["{P}_STORE_DSN", "{P}_PG_URL", "{P}_{N}_DSN", "{N}DB_CONN"],
+        ["DATABASE_URL", "DB_URL", "POSTGRES_URL"],
+        "Which environment variable holds {p}'s database DSN?",
+        "The DSN is read from",
+    ),
+    (
+        "audit_log",
+        "the audit log path",
+        ["var/log/{p}/audit.jsonl", "run/{p}-events.ndjson", "state/{n}-trail.log"],
+        ["logs/app.log", "/var/log/app.log", "app.log"],
+        "Where does {p} write its audit log?",
+        "The audit log is written to",
+    ),
+    (
+        "retry_queue",
+        "the retry queue",
+        ["{n}s.retry.v2", "{p}-deadletter-7d", "{n}-slow-lane"],
+        ["default", "jobs", "retry"],
+        "What is the name of {p}'s retry queue?",
+        "The retry queue is called",
+    ),
+    (
+        "tenant_header",
+        "the tenant header",
+        ["X-{Pc}-Tenant", "X-Shard-Key", "X-{Nc}-Realm"],
+        ["X-Request-Id", "Authorization", "X-Tenant-Id"],
+        "Which request header carries the tenant for {p}?",
+        "The tenant is carried in",
+    ),
 ]
 SETTING = {s[0]: s for s in SETTINGS}
-RUNTIMES = {"python": ("Python", ["3.11.9", "3.12.4", "3.10.14"]), "typescript": ("Node", ["20.12.2", "22.3.0", "18.20.3"]),
-            "go": ("Go", ["1.22.5", "1.21.11", "1.23.1"]), "rust": ("Rust", ["1.79.0", "1.76.0", "1.81.0"]),
-            "java": ("Java", ["21.0.3", "17.0.11", "22.0.1"]), "ruby": ("Ruby", ["3.3.4", "3.2.4", "3.1.6"])}
-RUNTIME_GUESSES = {"python": ["3.12", "3.11.0"], "typescript": ["20.0.0", "18.0.0"], "go": ["1.21", "1.22.0"],
-                   "rust": ["1.70.0", "1.75.0"], "java": ["17", "21"], "ruby": ["3.2.0", "3.3.0"]}
-PHRASES = ["rounds half even", "skips empty batches", "retries after 503", "keeps insertion order",
-           "rejects stale cursor", "caps backoff at limit", "flushes on shutdown", "parses quoted fields",
-           "handles dst gap", "dedupes by idempotency key", "expires idle leases", "sorts by sequence"]
-AUTHORS = ["Ilse Marchetti", "Tomasz Wrobel", "Priya Natarajan", "Oren Dahlberg", "Keiko Amano", "Bram Oosterhuis",
-           "Lucia Ferreyra", "Dmitri Volkonsky"]
-SUBJECTS = ["switch {n} totals to integer cents", "add {n} export endpoint", "cache {n} lookups per request",
-            "retry {n} sync on 503", "drop legacy {n} CSV columns", "move {n} config into one file",
-            "log {n} ids on failure", "bump lint toolchain", "split {n} reader from writer"]
+RUNTIMES = {
+    "python": ("Python", ["3.11.9", "3.12.4", "3.10.14"]),
+    "typescript": ("Node", ["20.12.2", "22.3.0", "18.20.3"]),
+    "go": ("Go", ["1.22.5", "1.21.11", "1.23.1"]),
+    "rust": ("Rust", ["1.79.0", "1.76.0", "1.81.0"]),
+    "java": ("Java", ["21.0.3", "17.0.11", "22.0.1"]),
+    "ruby": ("Ruby", ["3.3.4", "3.2.4", "3.1.6"]),
+}
+RUNTIME_GUESSES = {
+    "python": ["3.12", "3.11.0"],
+    "typescript": ["20.0.0", "18.0.0"],
+    "go": ["1.21", "1.22.0"],
+    "rust": ["1.70.0", "1.75.0"],
+    "java": ["17", "21"],
+    "ruby": ["3.2.0", "3.3.0"],
+}
+PHRASES = [
+    "rounds half even",
+    "skips empty batches",
+    "retries after 503",
+    "keeps insertion order",
+    "rejects stale cursor",
+    "caps backoff at limit",
+    "flushes on shutdown",
+    "parses quoted fields",
+    "handles dst gap",
+    "dedupes by idempotency key",
+    "expires idle leases",
+    "sorts by sequence",
+]
+AUTHORS = [
+    "Ilse Marchetti",
+    "Tomasz Wrobel",
+    "Priya Natarajan",
+    "Oren Dahlberg",
+    "Keiko Amano",
+    "Bram Oosterhuis",
+    "Lucia Ferreyra",
+    "Dmitri Volkonsky",
+]
+SUBJECTS = [
+    "switch {n} totals to integer cents",
+    "add {n} export endpoint",
+    "cache {n} lookups per request",
+    "retry {n} sync on 503",
+    "drop legacy {n} CSV columns",
+    "move {n} config into one file",
+    "log {n} ids on failure",
+    "bump lint toolchain",
+    "split {n} reader from writer",
+]
 OPENERS = {
-    "bug hunt": ["Customers report {n} totals that are off by a few units since the last deploy. Track it down.",
-                 "Support escalated a bug: some {n}s are processed twice. Find the cause and fix it."],
-    "CI failure": ["CI on main has been red since this morning. Can you find out why and fix it?",
-                   "The nightly pipeline keeps failing and nobody has looked yet. Please dig in."],
-    "config migration": ["We're moving {p}'s configuration to a single file and a new loader. Keep behaviour identical."],
-    "performance work": ["{p} got slow on large inputs; the nightly job now takes 40 minutes. Profile it and speed it up."],
+    "bug hunt": [
+        "Customers report {n} totals that are off by a few units since the last deploy. Track it down.",
+        "Support escalated a bug: some {n}s are processed twice. Find the cause and fix it.",
+    ],
+    "CI failure": [
+        "CI on main has been red since this morning. Can you find out why and fix it?",
+        "The nightly pipeline keeps failing and nobody has looked yet. Please dig in.",
+    ],
+    "config migration": [
+        "We're moving {p}'s configuration to a single file and a new loader. Keep behaviour identical."
+    ],
+    "performance work": [
+        "{p} got slow on large inputs; the nightly job now takes 40 minutes. Profile it and speed it up."
+    ],
     "dependency upgrade": ["Time to upgrade {p}'s dependencies; the lock file is a year old. Watch for API changes."],
     "code review": ["Please review and finish the open branch that adds retries to the {n} client."],
     "refactor": ["The {n} cache code is a tangle. Refactor it into one service object without changing behaviour."],
     "framework migration": ["We're moving {p} off its old HTTP framework. Port the routes and keep the tests green."],
 }
-READ_REASONS = ["scripts/release.py imports {pkg}; checking what it actually does before relying on it.",
-                "The traceback goes through {pkg}, so let me read that code.",
-                "Before changing our wrapper I want to see {pkg}'s own defaults.",
-                "The docs are vague here; reading {pkg}'s source instead.",
-                "Checking the installed {pkg} rather than guessing from memory.",
-                "Our fixture generator leans on {pkg}. Quick look at the installed version:"]
-AFTER_READ = ["Good, that matches what our wrapper assumes.", "So the library default differs from our docs.",
-              "That explains part of it.", "Fine, nothing to change on our side there.", None, None]
+READ_REASONS = [
+    "scripts/release.py imports {pkg}; checking what it actually does before relying on it.",
+    "The traceback goes through {pkg}, so let me read that code.",
+    "Before changing our wrapper I want to see {pkg}'s own defaults.",
+    "The docs are vague here; reading {pkg}'s source instead.",
+    "Checking the installed {pkg} rather than guessing from memory.",
+    "Our fixture generator leans on {pkg}. Quick look at the installed version:",
+]
+AFTER_READ = [
+    "Good, that matches what our wrapper assumes.",
+    "So the library default differs from our docs.",
+    "That explains part of it.",
+    "Fine, nothing to change on our side there.",
+    None,
+    None,
+]
 ACKS = ["Noted.", "Got it.", "Understood, changing it.", "Sure.", "OK, switching."]
 
 
@@ -433,8 +673,16 @@ def setting_fact(s: Session, key: str, turn: int, kind="decision", stale=None):
     _, _, _, defaults, question, prefix = SETTING[key]
     wrong = ([stale] if stale else []) + [d for d in defaults if d != s.values[key]]
     s.facts = [f for f in s.facts if f.slug != key]  # a changed setting is asked about once, as a change
-    s.fact(kind, key, fill(question, s.sc), fill(prefix, s.sc), s.values[key], wrong, turn,
-           3 if s.values[key].isdigit() else 4)
+    s.fact(
+        kind,
+        key,
+        fill(question, s.sc),
+        fill(prefix, s.sc),
+        s.values[key],
+        wrong,
+        turn,
+        3 if s.values[key].isdigit() else 4,
+    )
 
 
 def draw_value(s: Session, key: str, avoid=()) -> str:
@@ -480,11 +728,26 @@ def scene_request(s: Session, opener: str | None = None):
     t = s.add("user", opener + "\n\n" + extra)
     for k in keys:
         setting_fact(s, k, t)
-    s.fact("decision", "runtime", f"Which {runtime} version does CI pin for {s.sc['project']}?",
-           f"CI pins {runtime}", version, [v for v in RUNTIMES[s.sc["lang"]][1] if v != version][:1] +
-           RUNTIME_GUESSES[s.sc["lang"]], t, 4)
-    s.fact("decision", "library", f"Which library does {s.sc['project']} use for {purpose}?",
-           f"For {purpose}, {s.sc['project']} uses", lib, alts, t, 4)
+    s.fact(
+        "decision",
+        "runtime",
+        f"Which {runtime} version does CI pin for {s.sc['project']}?",
+        f"CI pins {runtime}",
+        version,
+        [v for v in RUNTIMES[s.sc["lang"]][1] if v != version][:1] + RUNTIME_GUESSES[s.sc["lang"]],
+        t,
+        4,
+    )
+    s.fact(
+        "decision",
+        "library",
+        f"Which library does {s.sc['project']} use for {purpose}?",
+        f"For {purpose}, {s.sc['project']} uses",
+        lib,
+        alts,
+        t,
+        4,
+    )
 
 
 def scene_config_write(s: Session):
@@ -494,10 +757,19 @@ def scene_config_write(s: Session):
         s.values[k] = draw_value(s, k)
     path = fill(s.lang["cfg"], s.sc)
     content = render_config(s.lang["fmt"], sorted((k, v) for k, v in s.values.items() if k != "lib"))
-    why = s.pick(["Writing the settings file first", "One file for every knob, so the loader stays trivial",
-                  "Putting everything into the config before touching code"])
-    t = s.act(f"{why}. New entries: " + ", ".join(f"{k} `{s.values[k]}`" for k in new) + ".",
-              "write_file", {"path": path, "content": content}, f"wrote {len(content)} bytes to {path}")
+    why = s.pick(
+        [
+            "Writing the settings file first",
+            "One file for every knob, so the loader stays trivial",
+            "Putting everything into the config before touching code",
+        ]
+    )
+    t = s.act(
+        f"{why}. New entries: " + ", ".join(f"{k} `{s.values[k]}`" for k in new) + ".",
+        "write_file",
+        {"path": path, "content": content},
+        f"wrote {len(content)} bytes to {path}",
+    )
     for k in new:
         setting_fact(s, k, t - 1)
 
@@ -507,28 +779,72 @@ def scene_ask(s: Session):
     n, p = s.sc["noun"], s.sc["project"]
     ports = s.pick([9187, 9264, 9471, 9318, 9523], 2)
     options = [
-        ("metrics-port", "Which port should the metrics endpoint use?", "The metrics endpoint uses port",
-         [str(x) for x in ports], ["9090", "9100", "8081"]),
-        ("fixtures-dir", "Where do the golden test fixtures live?", "The golden fixtures live in",
-         [f"testdata/{n}-golden", f"fixtures/{n}-snapshots"], ["tests/fixtures", "testdata", "spec/fixtures"]),
-        ("flag-env", "Which environment variable toggles the new code path?", "The new code path is toggled by",
-         [f"{p.upper()}_{x}" for x in s.pick(["FAST_PATH", "NEW_LEDGER", "V2_READER", "STRICT_SEQ"], 2)],
-         ["FEATURE_FLAG", "ENABLE_V2", "DEBUG"]),
-        ("lock-path", "Which lock file prevents two runs at once?", "The lock file is",
-         [f"/run/{p}/{n}-sync.lock", f"/var/lib/{p}/leader.lock"], ["/tmp/app.lock", "/var/lock/app.lock", ".lock"]),
+        (
+            "metrics-port",
+            "Which port should the metrics endpoint use?",
+            "The metrics endpoint uses port",
+            [str(x) for x in ports],
+            ["9090", "9100", "8081"],
+        ),
+        (
+            "fixtures-dir",
+            "Where do the golden test fixtures live?",
+            "The golden fixtures live in",
+            [f"testdata/{n}-golden", f"fixtures/{n}-snapshots"],
+            ["tests/fixtures", "testdata", "spec/fixtures"],
+        ),
+        (
+            "flag-env",
+            "Which environment variable toggles the new code path?",
+            "The new code path is toggled by",
+            [f"{p.upper()}_{x}" for x in s.pick(["FAST_PATH", "NEW_LEDGER", "V2_READER", "STRICT_SEQ"], 2)],
+            ["FEATURE_FLAG", "ENABLE_V2", "DEBUG"],
+        ),
+        (
+            "lock-path",
+            "Which lock file prevents two runs at once?",
+            "The lock file is",
+            [f"/run/{p}/{n}-sync.lock", f"/var/lib/{p}/leader.lock"],
+            ["/tmp/app.lock", "/var/lock/app.lock", ".lock"],
+        ),
     ]
     options = [o for o in options if o[0] not in s.sc["used"]]
     for slug, question, prefix, (value, alt), wrong in s.pick(options, min(len(options), s.rng.choice([1, 2]))):
         s.sc["used"].add(slug)
-        s.add("assistant", s.pick(["Quick question before I continue: ", "One decision I need from you: ",
-                                   "I can't infer this from the repo. ", "Before I wire this up: "]) + question)
-        t = s.add("user", s.pick([f"`{value}`.", f"Use `{value}`, that's what ops expects.",
-                                  f"Go with `{value}` — it's already in the runbook.",
-                                  f"We settled that last sprint: `{value}`. Don't invent a new one."]))
+        s.add(
+            "assistant",
+            s.pick(
+                [
+                    "Quick question before I continue: ",
+                    "One decision I need from you: ",
+                    "I can't infer this from the repo. ",
+                    "Before I wire this up: ",
+                ]
+            )
+            + question,
+        )
+        t = s.add(
+            "user",
+            s.pick(
+                [
+                    f"`{value}`.",
+                    f"Use `{value}`, that's what ops expects.",
+                    f"Go with `{value}` — it's already in the runbook.",
+                    f"We settled that last sprint: `{value}`. Don't invent a new one.",
+                ]
+            ),
+        )
         if s.rng.random() < 0.45:  # the user corrects the answer right away: a change
             s.add("assistant", s.pick(["OK, wiring that in.", f"Using `{value}`.", "Thanks."]))
-            t = s.add("user", s.pick([f"Sorry, I misread the runbook: it's `{alt}`, not `{value}`.",
-                                      f"Scratch that, `{value}` is taken on the new hosts. Use `{alt}`."]))
+            t = s.add(
+                "user",
+                s.pick(
+                    [
+                        f"Sorry, I misread the runbook: it's `{alt}`, not `{value}`.",
+                        f"Scratch that, `{value}` is taken on the new hosts. Use `{alt}`.",
+                    ]
+                ),
+            )
             s.fact("change", slug, question, prefix, alt, [value] + wrong, t, 5)
         else:
             s.fact("decision", slug, question, prefix, value, wrong, t, 5)
@@ -544,33 +860,72 @@ def scene_plan(s: Session):
     metric = f"{p}_{n}_{s.pick(['reconcile', 'flush', 'replay'])}_seconds"
     mig = f"{s.rng.randrange(11, 99):04d}_{n}_{s.pick(['cents', 'seq_guard', 'lease_idx'])}"
     if s.rng.random() < 0.5:
-        text = (f"Plan before I write code. I'll work on the branch `{branch}` so CI picks up the fix pipeline. "
-                f"The slow path gets a histogram, `{metric}`, exported next to the existing counters; alerts can "
-                f"key off its p99 later. Data needs one schema change, in migration `{mig}`, which is reversible "
-                "and touches only the new column. Existing rows are backfilled lazily on read, so the migration "
-                "stays fast and does not lock the table.")
+        text = (
+            f"Plan before I write code. I'll work on the branch `{branch}` so CI picks up the fix pipeline. "
+            f"The slow path gets a histogram, `{metric}`, exported next to the existing counters; alerts can "
+            f"key off its p99 later. Data needs one schema change, in migration `{mig}`, which is reversible "
+            "and touches only the new column. Existing rows are backfilled lazily on read, so the migration "
+            "stays fast and does not lock the table."
+        )
     else:
-        text = (f"Here is how I'd like to proceed, tell me if you disagree:\n1. Branch `{branch}` off main.\n"
-                f"2. Schema change in migration `{mig}`; reversible, nullable column, lazy backfill.\n3. Emit "
-                f"`{metric}` around the hot loop so we can compare before/after in Grafana.\n4. Only then touch "
-                "the algorithm itself.")
+        text = (
+            f"Here is how I'd like to proceed, tell me if you disagree:\n1. Branch `{branch}` off main.\n"
+            f"2. Schema change in migration `{mig}`; reversible, nullable column, lazy backfill.\n3. Emit "
+            f"`{metric}` around the hot loop so we can compare before/after in Grafana.\n4. Only then touch "
+            "the algorithm itself."
+        )
     s.add("assistant", text)
     t = len(s.messages) - 1
     wrong = ["main", f"feature/{n}", f"fix/{n}"]
     if s.rng.random() < 0.5:  # the user renames the branch: a change
         stale, branch = branch, f"{p[:3].upper()}-{s.rng.randrange(1200, 4999)}-{n}-fix"
-        u = s.add("user", f"Fine, but call the branch `{branch}` instead of `{stale}`; branches must start with "
-                  "the ticket id or the merge bot ignores them.")
-        s.fact("change", "branch", "Which branch does the agent work on?", "The work happens on the branch", branch,
-               [stale] + wrong, u, 5)
+        u = s.add(
+            "user",
+            f"Fine, but call the branch `{branch}` instead of `{stale}`; branches must start with "
+            "the ticket id or the merge bot ignores them.",
+        )
+        s.fact(
+            "change",
+            "branch",
+            "Which branch does the agent work on?",
+            "The work happens on the branch",
+            branch,
+            [stale] + wrong,
+            u,
+            5,
+        )
         s.add("assistant", s.pick(["Renamed.", f"Done, now on `{branch}`.", "Sure, renamed the branch."]))
     else:
-        s.fact("decision", "branch", "Which branch does the agent work on?", "The work happens on the branch",
-               branch, wrong, t, 5)
-    s.fact("decision", "metric", "What is the new histogram metric called?", "The new histogram is", metric,
-           [f"{n}_duration_seconds", "http_request_duration_seconds", f"{p}_latency_ms"], t, 5)
-    s.fact("decision", "migration", "What is the schema migration called?", "The migration is", mig,
-           ["0001_initial", f"0002_{n}", "add_column"], t, 5)
+        s.fact(
+            "decision",
+            "branch",
+            "Which branch does the agent work on?",
+            "The work happens on the branch",
+            branch,
+            wrong,
+            t,
+            5,
+        )
+    s.fact(
+        "decision",
+        "metric",
+        "What is the new histogram metric called?",
+        "The new histogram is",
+        metric,
+        [f"{n}_duration_seconds", "http_request_duration_seconds", f"{p}_latency_ms"],
+        t,
+        5,
+    )
+    s.fact(
+        "decision",
+        "migration",
+        "What is the schema migration called?",
+        "The migration is",
+        mig,
+        ["0001_initial", f"0002_{n}", "add_column"],
+        t,
+        5,
+    )
 
 
 # ---- scenes: changes -----------------------------------------------------------------------------------------
@@ -589,37 +944,75 @@ def scene_change(s: Session):
     path, fmt = fill(s.lang["cfg"], s.sc), s.lang["fmt"]
     style = s.rng.randrange(4)
     if style == 0:
-        t = s.add("user", "Wait, before you go on: change " + " and ".join(
-            f"{k} from `{old[k]}` to `{s.values[k]}`" for k in keys) + ". Ops asked for it.")
+        t = s.add(
+            "user",
+            "Wait, before you go on: change "
+            + " and ".join(f"{k} from `{old[k]}` to `{s.values[k]}`" for k in keys)
+            + ". Ops asked for it.",
+        )
         cmd = " && ".join(f"sed -i 's|{old[k]}|{s.values[k]}|' {path}" for k in keys)
-        s.act(s.pick(ACKS) + " Updating the config.", "bash", {"command": f"{cmd} && grep -nE '{'|'.join(keys)}' {path}"},
-              "\n".join(f"{3 + i}:{config_line(fmt, k, s.values[k])}" for i, k in enumerate(keys)))
+        s.act(
+            s.pick(ACKS) + " Updating the config.",
+            "bash",
+            {"command": f"{cmd} && grep -nE '{'|'.join(keys)}' {path}"},
+            "\n".join(f"{3 + i}:{config_line(fmt, k, s.values[k])}" for i, k in enumerate(keys)),
+        )
     elif style == 1:
-        t = s.add("user", "Review comment from the team lead: please set " + "; set ".join(
-            f"{k} to `{s.values[k]}` (not `{old[k]}`)" for k in keys) + ".")
-        s.add("assistant", s.pick(ACKS) + " " + ", ".join(f"{k} is now `{s.values[k]}`" for k in keys) +
-              "; the old value stays in the changelog only.")
+        t = s.add(
+            "user",
+            "Review comment from the team lead: please set "
+            + "; set ".join(f"{k} to `{s.values[k]}` (not `{old[k]}`)" for k in keys)
+            + ".",
+        )
+        s.add(
+            "assistant",
+            s.pick(ACKS)
+            + " "
+            + ", ".join(f"{k} is now `{s.values[k]}`" for k in keys)
+            + "; the old value stays in the changelog only.",
+        )
     elif style == 2:
-        whys = ["doesn't match what staging uses", "contradicts the runbook", "was copied from the old deploy",
-                "is not what the on-call dashboard assumes"]
-        t = s.add("assistant", s.pick(["On second thought, ", "Correction to what I wrote above: ", "Hmm, wait. "]) +
-                  "; ".join(f"{k} `{old[k]}` {s.pick(whys)}, so I'm changing it to `{s.values[k]}`" for k in keys)
-                  + ".")
+        whys = [
+            "doesn't match what staging uses",
+            "contradicts the runbook",
+            "was copied from the old deploy",
+            "is not what the on-call dashboard assumes",
+        ]
+        t = s.add(
+            "assistant",
+            s.pick(["On second thought, ", "Correction to what I wrote above: ", "Hmm, wait. "])
+            + "; ".join(f"{k} `{old[k]}` {s.pick(whys)}, so I'm changing it to `{s.values[k]}`" for k in keys)
+            + ".",
+        )
     else:
-        t = s.add("user", "Ops replied: " + " ".join(
-            f"{SETTING[k][1].capitalize()} `{old[k]}` won't work on the new cluster, make it `{s.values[k]}`."
-            for k in keys))
+        t = s.add(
+            "user",
+            "Ops replied: "
+            + " ".join(
+                f"{SETTING[k][1].capitalize()} `{old[k]}` won't work on the new cluster, make it `{s.values[k]}`."
+                for k in keys
+            ),
+        )
         content = render_config(fmt, sorted((k, v) for k, v in s.values.items() if k != "lib"))
-        s.act("Rewriting the config with their values.", "write_file", {"path": path, "content": content},
-              f"wrote {len(content)} bytes to {path}")
+        s.act(
+            "Rewriting the config with their values.",
+            "write_file",
+            {"path": path, "content": content},
+            f"wrote {len(content)} bytes to {path}",
+        )
     for k in keys:
         setting_fact(s, k, t, "change", stale=old[k])
 
 
 def scene_const_change(s: Session):
     """The agent introduces a code constant, then a measurement makes it change the value."""
-    name = s.pick([x for x in ["MAX_INFLIGHT", "FLUSH_EVERY", "SHARD_COUNT", "LEASE_SLACK_MS", "SPILL_THRESHOLD"]
-                   if x not in s.sc["used"]])
+    name = s.pick(
+        [
+            x
+            for x in ["MAX_INFLIGHT", "FLUSH_EVERY", "SHARD_COUNT", "LEASE_SLACK_MS", "SPILL_THRESHOLD"]
+            if x not in s.sc["used"]
+        ]
+    )
     s.sc["used"].add(name)
     if s.sc["lang"] == "go":
         name = name.title().replace("_", "")
@@ -630,15 +1023,42 @@ def scene_const_change(s: Session):
     slow, fast = s.rng.randrange(300, 900), s.rng.randrange(90, 280)
     out = f"{name}={a}: p99 {slow} ms, {s.rng.randrange(3, 40)} timeouts\n{name}={b}: p99 {fast} ms, 0 timeouts"
     t = s.act("Comparing two values under load.", "bash", {"command": f"make loadtest VARIANTS='{a} {b}'"}, out)
-    s.fact("tool_output", "loadtest-p99", f"What p99 did the load test report for the slower `{name}` variant?",
-           "The slower variant's p99 was", f"{slow} ms", [f"{fast} ms", "500 ms", "250 ms"], t, 4)
-    s.fact("tool_output", "loadtest-fast", f"What p99 did the load test report for `{name}`={b}?",
-           "That variant's p99 was", f"{fast} ms", [f"{slow} ms", "100 ms", "250 ms"], t, 4)
-    s.add("assistant", f"{a} was too aggressive; settling on `{name}` = {b}.",
-          [("bash", {"command": f"sed -i '/{name}/s/{a}/{b}/' {src}"})])
+    s.fact(
+        "tool_output",
+        "loadtest-p99",
+        f"What p99 did the load test report for the slower `{name}` variant?",
+        "The slower variant's p99 was",
+        f"{slow} ms",
+        [f"{fast} ms", "500 ms", "250 ms"],
+        t,
+        4,
+    )
+    s.fact(
+        "tool_output",
+        "loadtest-fast",
+        f"What p99 did the load test report for `{name}`={b}?",
+        "That variant's p99 was",
+        f"{fast} ms",
+        [f"{slow} ms", "100 ms", "250 ms"],
+        t,
+        4,
+    )
+    s.add(
+        "assistant",
+        f"{a} was too aggressive; settling on `{name}` = {b}.",
+        [("bash", {"command": f"sed -i '/{name}/s/{a}/{b}/' {src}"})],
+    )
     s.add("tool", "(no output)", name="bash")
-    s.fact("change", "constant", f"What value does `{name}` end up with?", f"`{name}` ends up as", b,
-           [a, b * 2, 64], t - 1, 4)
+    s.fact(
+        "change",
+        "constant",
+        f"What value does `{name}` end up with?",
+        f"`{name}` ends up as",
+        b,
+        [a, b * 2, 64],
+        t - 1,
+        4,
+    )
 
 
 def scene_bump(s: Session):
@@ -649,19 +1069,52 @@ def scene_bump(s: Session):
     old = f"{major}.{s.rng.randrange(2, 19)}.{s.rng.randrange(1, 9)}"
     new = f"{major + 1}.{s.rng.randrange(0, 9)}.{s.rng.randrange(1, 9)}"
     s.add("assistant", f"Pinning {lib} to exactly {old} for now; it is the last version our lock file resolved.")
-    s.add("user", s.pick(["No, take the newer major, we need its fixes.",
-                          "Use the current release instead, security flagged the old one."]))
+    s.add(
+        "user",
+        s.pick(
+            [
+                "No, take the newer major, we need its fixes.",
+                "Use the current release instead, security flagged the old one.",
+            ]
+        ),
+    )
     dep = s.pick(["quick-xml", "tinyvec", "pin-utils", "fastrand", "smallbitvec", "ryu-js", "itoa-lite", "vsize"])
     dep_v = f"0.{s.rng.randrange(3, 30)}.{s.rng.randrange(0, 9)}"
-    cmd = {"python": "uv lock", "typescript": "npm install", "go": "go mod tidy", "rust": "cargo update",
-           "java": "mvn -q versions:use-latest-releases", "ruby": "bundle lock"}[s.sc["lang"]]
+    cmd = {
+        "python": "uv lock",
+        "typescript": "npm install",
+        "go": "go mod tidy",
+        "rust": "cargo update",
+        "java": "mvn -q versions:use-latest-releases",
+        "ruby": "bundle lock",
+    }[s.sc["lang"]]
     s.add("assistant", f"Bumped the pin: {lib} {old} → {new}. Re-locking.", [("bash", {"command": cmd})])
-    t = s.add("tool", f"Updating {lib} {old} -> {new}\nAdding {dep} {dep_v} (new transitive dependency)\n"
-              f"Locked {s.rng.randrange(40, 190)} packages", name="bash")
-    s.fact("change", "pin", f"Which version of {lib} is pinned in the end?", f"{lib} is pinned to",
-           new, [old] + neighbours_v(new)[:1] + neighbours_v(old)[:1], t - 1, 4)
-    s.fact("tool_output", "new-dep", f"Which new transitive dependency did bumping {lib} pull in?",
-           "The new transitive dependency is", dep, ["serde", "lodash", "six", "zlib"], t, 5)
+    t = s.add(
+        "tool",
+        f"Updating {lib} {old} -> {new}\nAdding {dep} {dep_v} (new transitive dependency)\n"
+        f"Locked {s.rng.randrange(40, 190)} packages",
+        name="bash",
+    )
+    s.fact(
+        "change",
+        "pin",
+        f"Which version of {lib} is pinned in the end?",
+        f"{lib} is pinned to",
+        new,
+        [old] + neighbours_v(new)[:1] + neighbours_v(old)[:1],
+        t - 1,
+        4,
+    )
+    s.fact(
+        "tool_output",
+        "new-dep",
+        f"Which new transitive dependency did bumping {lib} pull in?",
+        "The new transitive dependency is",
+        dep,
+        ["serde", "lodash", "six", "zlib"],
+        t,
+        5,
+    )
 
 
 def neighbours_v(v: str) -> list[str]:
@@ -678,17 +1131,35 @@ def neighbours_v(v: str) -> list[str]:
 def scene_rename(s: Session):
     """Refactor: a function is renamed after review (a change); the agent greps for old uses."""
     n = s.sc["noun"]
-    pairs = [(ident(s.sc, *a), ident(s.sc, *b)) for a, b in [
-        (("load", n + "s"), ("fetch", n, "page")), ((n, "total"), ("sum", n, "cents")),
-        (("get", n, "cache"), (n, "cache", "for")), (("sync", n + "s"), ("reconcile", n, "batch"))]]
+    pairs = [
+        (ident(s.sc, *a), ident(s.sc, *b))
+        for a, b in [
+            (("load", n + "s"), ("fetch", n, "page")),
+            ((n, "total"), ("sum", n, "cents")),
+            (("get", n, "cache"), (n, "cache", "for")),
+            (("sync", n + "s"), ("reconcile", n, "batch")),
+        ]
+    ]
     old, new = s.pick([(a, b) for a, b in pairs if a not in s.sc["used"]])
     s.sc["used"].add(old)
     s.add("assistant", f"I'll keep the public function name `{old}` so callers don't break.")
     t = s.add("user", f"Rename it anyway: `{new}`. We're breaking callers in this release regardless.")
-    s.act(f"Renaming `{old}` to `{new}` and checking for leftovers.", "grep", {"pattern": old, "path": "."},
-          f"{fill(s.lang['src'], s.sc)}: 0 matches\ndocs/CHANGELOG.md: 1 match (the rename note)")
-    s.fact("change", "rename", f"What is the {n} function called after the review?", "The function is now called",
-           new, [old, ident(s.sc, n, "handler"), ident(s.sc, "process", n + "s")], t, 5)
+    s.act(
+        f"Renaming `{old}` to `{new}` and checking for leftovers.",
+        "grep",
+        {"pattern": old, "path": "."},
+        f"{fill(s.lang['src'], s.sc)}: 0 matches\ndocs/CHANGELOG.md: 1 match (the rename note)",
+    )
+    s.fact(
+        "change",
+        "rename",
+        f"What is the {n} function called after the review?",
+        "The function is now called",
+        new,
+        [old, ident(s.sc, n, "handler"), ident(s.sc, "process", n + "s")],
+        t,
+        5,
+    )
 
 
 # ---- scenes: tool outputs ----------------------------------------------------------------------------------
@@ -700,10 +1171,14 @@ def excerpt_call(s: Session, rel: str, lo: int, hi: int, lines: list):
     if how == 0:
         return ("bash", {"command": f"sed -n {lo},{hi}p {path}"}), "\n".join(lines)
     if how == 1:
-        return (("read_file", {"path": path, "start_line": lo, "end_line": hi}),
-                "\n".join(f"{lo + i:>5}  {ln}" for i, ln in enumerate(lines)))
-    return (("bash", {"command": f"cat -n {path} | sed -n '{lo},{hi}p'"}),
-            "\n".join(f"{lo + i:>6}\t{ln}" for i, ln in enumerate(lines)))
+        return (
+            ("read_file", {"path": path, "start_line": lo, "end_line": hi}),
+            "\n".join(f"{lo + i:>5}  {ln}" for i, ln in enumerate(lines)),
+        )
+    return (
+        ("bash", {"command": f"cat -n {path} | sed -n '{lo},{hi}p'"}),
+        "\n".join(f"{lo + i:>6}\t{ln}" for i, ln in enumerate(lines)),
+    )
 
 
 def code_questions(s: Session, facts, turn: int, pkg: str, k: int = 3):
@@ -717,8 +1192,9 @@ def code_questions(s: Session, facts, turn: int, pkg: str, k: int = 3):
         wrong = list(dict.fromkeys(w for w in f.wrong if w != f.answer))
         head, tail = wrong[:-3] if len(wrong) > 3 else wrong, wrong[-3:] if len(wrong) > 3 else []
         s.rng.shuffle(head)
-        s.fact("tool_output", f"{pkg.strip('_')}-{f.kind}", f.question, f.prefix, f.answer, head + tail, turn,
-               f.strength)
+        s.fact(
+            "tool_output", f"{pkg.strip('_')}-{f.kind}", f.question, f.prefix, f.answer, head + tail, turn, f.strength
+        )
 
 
 def scene_read_code(s: Session):
@@ -742,16 +1218,30 @@ def scene_read_two(s: Session):
         call, out = ("bash", {"command": f"sed -n {lo},{hi}p site-packages/{rel}"}), "\n".join(lines)
     info = dist_info(s.pick([d for d in META_DISTS if d not in s.sc["used"]]))
     s.sc["used"].add(info.name.split("-")[0])
-    meta = [ln for ln in info.joinpath("METADATA").read_text(encoding="utf-8").splitlines()
-            if ln.startswith(("Name:", "Version:"))][:2]
+    meta = [
+        ln
+        for ln in info.joinpath("METADATA").read_text(encoding="utf-8").splitlines()
+        if ln.startswith(("Name:", "Version:"))
+    ][:2]
     grep = {"command": f"grep -E '^(Name|Version):' site-packages/{info.name}/METADATA"}
-    s.add("assistant", f"Looking at the {pkg} code and at which version of {meta[0].split()[-1]} is installed.",
-          [call, ("bash", grep)])
+    s.add(
+        "assistant",
+        f"Looking at the {pkg} code and at which version of {meta[0].split()[-1]} is installed.",
+        [call, ("bash", grep)],
+    )
     t = s.add("tool", f"$ {call[1]['command']}\n{out}\n$ {grep['command']}\n" + "\n".join(meta), name="bash")
     code_questions(s, facts, t, pkg, 2)
     dist, version = meta[0].split()[-1], meta[1].split()[-1]
-    s.fact("tool_output", "installed", f"Which version of {dist} is installed in the venv?",
-           f"The installed {dist} is version", version, neighbours_v(version), t, 4)
+    s.fact(
+        "tool_output",
+        "installed",
+        f"Which version of {dist} is installed in the venv?",
+        f"The installed {dist} is version",
+        version,
+        neighbours_v(version),
+        t,
+        4,
+    )
 
 
 def scene_read_config(s: Session):
@@ -762,44 +1252,100 @@ def scene_read_config(s: Session):
         s.sc["used"].add(dist)
         info = dist_info(dist)
         lines = info.joinpath("METADATA").read_text(encoding="utf-8").splitlines()
-        keep = [(i + 1, ln) for i, ln in enumerate(lines)
-                if ln.startswith(("Version:", "Requires-Dist:")) and "extra ==" not in ln][:6]
-        t = s.act(f"Which versions does the installed {dist} require?", "bash",
-                  {"command": f"grep -nE '^(Version|Requires-Dist):' site-packages/{info.name}/METADATA | head -6"},
-                  "\n".join(f"{i}:{ln}" for i, ln in keep))
+        keep = [
+            (i + 1, ln)
+            for i, ln in enumerate(lines)
+            if ln.startswith(("Version:", "Requires-Dist:")) and "extra ==" not in ln
+        ][:6]
+        t = s.act(
+            f"Which versions does the installed {dist} require?",
+            "bash",
+            {"command": f"grep -nE '^(Version|Requires-Dist):' site-packages/{info.name}/METADATA | head -6"},
+            "\n".join(f"{i}:{ln}" for i, ln in keep),
+        )
         version = keep[0][1].split()[-1]
-        s.fact("tool_output", "installed", f"Which version of {dist} is installed in the venv?",
-               f"The installed {dist} is version", version, neighbours_v(version), t, 4)
-        pins = [(ln.split()[1].split(">")[0].split("=")[0].split("(")[0], m.group(1)) for _, ln in keep[1:]
-                if (m := re.search(r">=\s*([\d.]+)", ln))]
+        s.fact(
+            "tool_output",
+            "installed",
+            f"Which version of {dist} is installed in the venv?",
+            f"The installed {dist} is version",
+            version,
+            neighbours_v(version),
+            t,
+            4,
+        )
+        pins = [
+            (ln.split()[1].split(">")[0].split("=")[0].split("(")[0], m.group(1))
+            for _, ln in keep[1:]
+            if (m := re.search(r">=\s*([\d.]+)", ln))
+        ]
         for name, low in s.pick(pins, min(2, len(pins))):
-            s.fact("tool_output", "pin-min", f"What minimum version of {name} does the installed {dist} require?",
-                   f"{dist} requires {name} at least", low, neighbours_v(low), t, 4)
+            s.fact(
+                "tool_output",
+                "pin-min",
+                f"What minimum version of {name} does the installed {dist} require?",
+                f"{dist} requires {name} at least",
+                low,
+                neighbours_v(low),
+                t,
+                4,
+            )
     elif how == 1:
         dist = s.pick(ENTRY_DISTS)
         info = dist_info(dist)
         text = info.joinpath("entry_points.txt").read_text(encoding="utf-8").strip()
-        t = s.act("Where does the console script point?", "bash",
-                  {"command": f"cat site-packages/{info.name}/entry_points.txt"}, text)
+        t = s.act(
+            "Where does the console script point?",
+            "bash",
+            {"command": f"cat site-packages/{info.name}/entry_points.txt"},
+            text,
+        )
         name, target = s.pick(re.findall(r"^([\w-]+) ?= ?([\w.]+:\w+)$", text, re.M))
         mod = target.split(":")[0]
-        s.fact("tool_output", "entry-point", f"What does the `{name}` console script point to?",
-               f"`{name}` points to", target, [f"{mod}:run", f"{name.replace('-', '_')}.__main__:main",
-                                               f"{mod.split('.')[0]}.cli:app"], t, 5)
+        s.fact(
+            "tool_output",
+            "entry-point",
+            f"What does the `{name}` console script point to?",
+            f"`{name}` points to",
+            target,
+            [f"{mod}:run", f"{name.replace('-', '_')}.__main__:main", f"{mod.split('.')[0]}.cli:app"],
+            t,
+            5,
+        )
     else:
-        styles = sorted(p for p in (SITE / "matplotlib/mpl-data/stylelib").glob("*.mplstyle")
-                        if p.stat().st_size < 700 and not p.name.startswith("_"))
+        styles = sorted(
+            p
+            for p in (SITE / "matplotlib/mpl-data/stylelib").glob("*.mplstyle")
+            if p.stat().st_size < 700 and not p.name.startswith("_")
+        )
         p = s.pick(styles)
         body = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip() and not ln.startswith("#")]
-        t = s.act(f"Our report plots use the `{p.stem}` style; checking its values.", "bash",
-                  {"command": f"grep -v '^#' site-packages/{p.relative_to(SITE)} | grep ."}, "\n".join(body))
+        t = s.act(
+            f"Our report plots use the `{p.stem}` style; checking its values.",
+            "bash",
+            {"command": f"grep -v '^#' site-packages/{p.relative_to(SITE)} | grep ."},
+            "\n".join(body),
+        )
         pairs = [tuple(x.strip() for x in ln.split(":", 1)) for ln in body if ":" in ln]
-        pairs = [(k, v) for k, v in pairs if re.fullmatch(r"[\w.#-]+", v) and v not in ("True", "False", "0", "1")
-                 and sum(v == w for _, w in pairs) == 1]
+        pairs = [
+            (k, v)
+            for k, v in pairs
+            if re.fullmatch(r"[\w.#-]+", v)
+            and v not in ("True", "False", "0", "1")
+            and sum(v == w for _, w in pairs) == 1
+        ]
         for k, v in s.pick(pairs, min(2, len(pairs))):
             others = sorted({w for _, w in pairs if w != v})
-            s.fact("tool_output", "style", f"What value does the `{p.stem}` style set for `{k}`?",
-                   f"It sets `{k}` to", v, s.pick(others, min(2, len(others))) + ["white", "black"], t, 4)
+            s.fact(
+                "tool_output",
+                "style",
+                f"What value does the `{p.stem}` style set for `{k}`?",
+                f"It sets `{k}` to",
+                v,
+                s.pick(others, min(2, len(others))) + ["white", "black"],
+                t,
+                4,
+            )
 
 
 def test_names(s: Session, k: int) -> list:
@@ -808,9 +1354,16 @@ def test_names(s: Session, k: int) -> list:
     for ph in s.pick(PHRASES, k):
         w = ph.split()
         camel = "".join(x.capitalize() for x in w)
-        out.append({"python": f"test_{n}_{'_'.join(w)}", "go": f"Test{n.capitalize()}{camel}",
-                    "rust": f"{n}::tests::{'_'.join(w)}", "java": f"{n.capitalize()}ServiceTest.{w[0]}{camel[len(w[0]):]}",
-                    "typescript": f"{n} service {ph}", "ruby": f"{n} cache {ph}"}[lang])
+        out.append(
+            {
+                "python": f"test_{n}_{'_'.join(w)}",
+                "go": f"Test{n.capitalize()}{camel}",
+                "rust": f"{n}::tests::{'_'.join(w)}",
+                "java": f"{n.capitalize()}ServiceTest.{w[0]}{camel[len(w[0]) :]}",
+                "typescript": f"{n} service {ph}",
+                "ruby": f"{n} cache {ph}",
+            }[lang]
+        )
     return out
 
 
@@ -823,65 +1376,129 @@ def scene_tests(s: Session):
     got = want + s.pick([-1, 3, -100, 7, 41])
     line, passed = s.rng.randrange(120, 480), s.rng.randrange(31, 97)
     if lang == "python":
-        out = "\n".join(f"tests/test_{n}s.py::{x} PASSED" for x in rest) + \
-            f"\ntests/test_{n}s.py::{bad} FAILED\n\nE       assert {got} == {want}\ntests/test_{n}s.py:{line}: " \
+        out = (
+            "\n".join(f"tests/test_{n}s.py::{x} PASSED" for x in rest)
+            + f"\ntests/test_{n}s.py::{bad} FAILED\n\nE       assert {got} == {want}\ntests/test_{n}s.py:{line}: "
             f"AssertionError\n=== 1 failed, {passed} passed in 3.41s ==="
+        )
     elif lang == "go":
-        out = "\n".join(f"--- PASS: {x} (0.00s)" for x in rest) + f"\n--- FAIL: {bad} (0.01s)\n    {n}_test.go:" \
+        out = (
+            "\n".join(f"--- PASS: {x} (0.00s)" for x in rest) + f"\n--- FAIL: {bad} (0.01s)\n    {n}_test.go:"
             f"{line}: got {got}, want {want}\nFAIL\tgithub.com/acme/{s.sc['project']}/internal/{n}\t0.214s"
+        )
     elif lang == "rust":
-        out = "\n".join(f"test {x} ... ok" for x in rest) + f"\ntest {bad} ... FAILED\n\n---- {bad} stdout ----\n" \
-            f"thread '{bad}' panicked at src/{n}.rs:{line}:9:\nassertion `left == right` failed\n  left: {got}\n" \
+        out = (
+            "\n".join(f"test {x} ... ok" for x in rest) + f"\ntest {bad} ... FAILED\n\n---- {bad} stdout ----\n"
+            f"thread '{bad}' panicked at src/{n}.rs:{line}:9:\nassertion `left == right` failed\n  left: {got}\n"
             f" right: {want}\n\ntest result: FAILED. {passed} passed; 1 failed"
+        )
     elif lang == "java":
-        out = f"[INFO] Running {bad.split('.')[0]}\n[ERROR] {bad}  Time elapsed: 0.041 s  <<< FAILURE!\n" \
-            f"org.opentest4j.AssertionFailedError: expected: <{want}> but was: <{got}>\n[ERROR] Tests run: " \
-            f"{passed + 1}, Failures: 1, Errors: 0, Skipped: 0\n[INFO] passed: " + ", ".join(x.split(".")[1] for x in rest)
+        out = (
+            f"[INFO] Running {bad.split('.')[0]}\n[ERROR] {bad}  Time elapsed: 0.041 s  <<< FAILURE!\n"
+            f"org.opentest4j.AssertionFailedError: expected: <{want}> but was: <{got}>\n[ERROR] Tests run: "
+            f"{passed + 1}, Failures: 1, Errors: 0, Skipped: 0\n[INFO] passed: "
+            + ", ".join(x.split(".")[1] for x in rest)
+        )
     elif lang == "typescript":
-        out = f" FAIL  src/{n}/{n}.service.test.ts\n" + "".join(f"  ✓ {x}\n" for x in rest) + \
-            f"  ✕ {bad}\n\n  ● {bad}\n\n    Expected: {want}\n    Received: {got}\n\nTests: 1 failed, {passed} passed"
+        out = (
+            f" FAIL  src/{n}/{n}.service.test.ts\n"
+            + "".join(f"  ✓ {x}\n" for x in rest)
+            + f"  ✕ {bad}\n\n  ● {bad}\n\n    Expected: {want}\n    Received: {got}\n\nTests: 1 failed, {passed} passed"
+        )
     else:
-        out = "\n".join(f"  {x} ✓" for x in rest) + f"\nFailures:\n  1) {bad}\n     expected: {want}\n" \
+        out = (
+            "\n".join(f"  {x} ✓" for x in rest) + f"\nFailures:\n  1) {bad}\n     expected: {want}\n"
             f"          got: {got}\n     # ./spec/{n}_cache_spec.rb:{line}\n{passed + 1} examples, 1 failure"
+        )
     if s.rng.random() < 0.5:
         t = s.act("Running the suite.", "run_tests", {"command": s.lang["test"]}, out)
     else:
-        t = s.act(s.pick(["Let's see what the tests say.", "Baseline test run first."]), "bash",
-                  {"command": s.lang["test"]}, out)
+        t = s.act(
+            s.pick(["Let's see what the tests say.", "Baseline test run first."]),
+            "bash",
+            {"command": s.lang["test"]},
+            out,
+        )
     s.fact("tool_output", "failing-test", "Which test failed in the test run?", "The failing test was", bad, rest, t, 5)
-    s.fact("tool_output", "test-got", f"What value did the failing test `{bad}` actually get?",
-           "The test actually got", got, [want, got + 2, s.rng.randrange(1100, 9800)], t, 3)
+    s.fact(
+        "tool_output",
+        "test-got",
+        f"What value did the failing test `{bad}` actually get?",
+        "The test actually got",
+        got,
+        [want, got + 2, s.rng.randrange(1100, 9800)],
+        t,
+        3,
+    )
     if lang in ("python", "rust", "typescript"):
-        s.fact("tool_output", "passed", "How many tests passed in that run?", "The number of passing tests was",
-               passed, [passed + 10, 100, 12], t, 2)
-    s.fact("tool_output", "test-want", f"Which value did `{bad}` expect?", "The test expected",
-           want, [got, want * 2, 1000], t, 3)
+        s.fact(
+            "tool_output",
+            "passed",
+            "How many tests passed in that run?",
+            "The number of passing tests was",
+            passed,
+            [passed + 10, 100, 12],
+            t,
+            2,
+        )
+    s.fact(
+        "tool_output",
+        "test-want",
+        f"Which value did `{bad}` expect?",
+        "The test expected",
+        want,
+        [got, want * 2, 1000],
+        t,
+        3,
+    )
     scene_fix(s)
 
 
 def scene_fix(s: Session):
     """A longer assistant explanation of the cause that decides how the fix is done."""
     n = s.sc["noun"]
-    helper = ident(s.sc, *s.pick([("quantize", n, "cents"), ("clamp", n, "window"), (n, "seq", "guard"),
-                                  ("normalize", n, "key")]))
+    helper = ident(
+        s.sc, *s.pick([("quantize", n, "cents"), ("clamp", n, "window"), (n, "seq", "guard"), ("normalize", n, "key")])
+    )
     flag = s.pick([f"--{n}-audit-strict", f"--replay-{n}s", f"--no-{n}-prefetch"])
-    cause = s.pick([
-        f"two code paths compute the {n} value independently and one of them rounds before summing, so the "
-        "error accumulates across batches",
-        f"the {n} cache is keyed by the raw id, so two spellings of one id get separate entries and the stale "
-        "one wins after a restart",
-        f"the batch loop reuses the buffer of the previous {n} when a batch is empty, so the last value is "
-        "counted twice"])
-    s.add("assistant", f"Found it. The root cause: {cause}. I'll route every caller through one helper, "
-          f"`{helper}`, and add a regression test for exactly this case. To verify on staging data I'll run the "
-          f"replay with `{flag}`, which re-computes every {n} and prints mismatches instead of writing them. "
-          "If the replay is clean I'll open the PR.")
+    cause = s.pick(
+        [
+            f"two code paths compute the {n} value independently and one of them rounds before summing, so the "
+            "error accumulates across batches",
+            f"the {n} cache is keyed by the raw id, so two spellings of one id get separate entries and the stale "
+            "one wins after a restart",
+            f"the batch loop reuses the buffer of the previous {n} when a batch is empty, so the last value is "
+            "counted twice",
+        ]
+    )
+    s.add(
+        "assistant",
+        f"Found it. The root cause: {cause}. I'll route every caller through one helper, "
+        f"`{helper}`, and add a regression test for exactly this case. To verify on staging data I'll run the "
+        f"replay with `{flag}`, which re-computes every {n} and prints mismatches instead of writing them. "
+        "If the replay is clean I'll open the PR.",
+    )
     t = len(s.messages) - 1
-    s.fact("decision", "helper", f"What is the name of the helper every {n} caller now goes through?",
-           "The shared helper is called", helper, [ident(s.sc, "compute", n), ident(s.sc, "round", n),
-                                                   ident(s.sc, n, "utils")], t, 5)
-    s.fact("decision", "replay-flag", "Which flag makes the staging replay print mismatches instead of writing?",
-           "The replay runs with", flag, ["--dry-run", "--verbose", "--check"], t, 5)
+    s.fact(
+        "decision",
+        "helper",
+        f"What is the name of the helper every {n} caller now goes through?",
+        "The shared helper is called",
+        helper,
+        [ident(s.sc, "compute", n), ident(s.sc, "round", n), ident(s.sc, n, "utils")],
+        t,
+        5,
+    )
+    s.fact(
+        "decision",
+        "replay-flag",
+        "Which flag makes the staging replay print mismatches instead of writing?",
+        "The replay runs with",
+        flag,
+        ["--dry-run", "--verbose", "--check"],
+        t,
+        5,
+    )
 
 
 def hexid(rng: random.Random, k: int = 7) -> str:
@@ -892,17 +1509,45 @@ def scene_git(s: Session):
     """`git log` with authors: which commit and who touched the code."""
     rows = [(hexid(s.rng), s.pick(AUTHORS), fill(subj, s.sc)) for subj in s.pick(SUBJECTS, 5)]
     out = "\n".join(f"{h} {a:<17} {s.rng.randrange(2, 19)} days ago  {subj}" for h, a, subj in rows)
-    t = s.act(s.pick(["Checking recent history of this area.", "Who touched this last?"]), "bash",
-              {"command": f"git log -5 --format='%h %<(17)%an %ar  %s' -- {fill(s.lang['src'], s.sc)}"}, out)
+    t = s.act(
+        s.pick(["Checking recent history of this area.", "Who touched this last?"]),
+        "bash",
+        {"command": f"git log -5 --format='%h %<(17)%an %ar  %s' -- {fill(s.lang['src'], s.sc)}"},
+        out,
+    )
     i = s.rng.randrange(5)
-    s.fact("tool_output", "commit", f"Which commit's subject is '{rows[i][2]}'?", "That commit is",
-           rows[i][0], [r[0] for r in rows if r[0] != rows[i][0]], t, 5)
+    s.fact(
+        "tool_output",
+        "commit",
+        f"Which commit's subject is '{rows[i][2]}'?",
+        "That commit is",
+        rows[i][0],
+        [r[0] for r in rows if r[0] != rows[i][0]],
+        t,
+        5,
+    )
     k = (i + 3) % 5
-    s.fact("tool_output", "commit", f"Which commit's subject is '{rows[k][2]}'?", "That commit is",
-           rows[k][0], [r[0] for r in rows if r[0] != rows[k][0]], t, 5)
+    s.fact(
+        "tool_output",
+        "commit",
+        f"Which commit's subject is '{rows[k][2]}'?",
+        "That commit is",
+        rows[k][0],
+        [r[0] for r in rows if r[0] != rows[k][0]],
+        t,
+        5,
+    )
     j = (i + 2) % 5
-    s.fact("tool_output", "author", f"Who authored the commit '{rows[j][2]}'?", "It was authored by",
-           rows[j][1], [a for a in dict.fromkeys(r[1] for r in rows) if a != rows[j][1]] + ["John Smith"], t, 4)
+    s.fact(
+        "tool_output",
+        "author",
+        f"Who authored the commit '{rows[j][2]}'?",
+        "It was authored by",
+        rows[j][1],
+        [a for a in dict.fromkeys(r[1] for r in rows) if a != rows[j][1]] + ["John Smith"],
+        t,
+        4,
+    )
 
 
 def scene_ci(s: Session):
@@ -912,18 +1557,45 @@ def scene_ci(s: Session):
     job = s.pick(jobs)
     key = f"{s.sc['lang']}-deps-{hexid(s.rng, 10)}"
     image = f"2024{s.rng.randrange(10, 13)}{s.rng.randrange(10, 28)}.{s.rng.randrange(2, 9)}"
-    out = (f"Job: {job} (shard {s.rng.randrange(2, 7)}/8)\nRunner: ubuntu-22.04 (image {image})\n"
-           f"Cache restored from key: {key}\nRun {s.lang['test']}\n  ...\n"
-           f"Error: Process completed with exit code {code}.")
+    out = (
+        f"Job: {job} (shard {s.rng.randrange(2, 7)}/8)\nRunner: ubuntu-22.04 (image {image})\n"
+        f"Cache restored from key: {key}\nRun {s.lang['test']}\n  ...\n"
+        f"Error: Process completed with exit code {code}."
+    )
     t = s.act("Pulling the failing CI job log.", "bash", {"command": "gh run view --log-failed | tail -6"}, out)
-    s.fact("tool_output", "exit-code", "With which exit code did the failing CI job end?",
-           "The CI job ended with exit code", code, ["1", "2", "127"], t, 3)
-    s.fact("tool_output", "cache-key", "Which cache key did the CI job restore?", "It restored the cache key",
-           key, [f"{s.sc['lang']}-deps-{hexid(s.rng, 10)}", f"{s.sc['lang']}-deps-latest", "Linux-deps-main"], t, 5)
-    s.fact("tool_output", "runner-image", "Which runner image version did the failing CI job use?",
-           "The runner image version was", image, [f"{image[:-1]}{int(image[-1]) + 1}", "20240101.1", "latest"], t, 4)
-    s.fact("tool_output", "ci-job", "Which CI job failed?", "The failing job was", job,
-           [x for x in jobs if x != job], t, 3)
+    s.fact(
+        "tool_output",
+        "exit-code",
+        "With which exit code did the failing CI job end?",
+        "The CI job ended with exit code",
+        code,
+        ["1", "2", "127"],
+        t,
+        3,
+    )
+    s.fact(
+        "tool_output",
+        "cache-key",
+        "Which cache key did the CI job restore?",
+        "It restored the cache key",
+        key,
+        [f"{s.sc['lang']}-deps-{hexid(s.rng, 10)}", f"{s.sc['lang']}-deps-latest", "Linux-deps-main"],
+        t,
+        5,
+    )
+    s.fact(
+        "tool_output",
+        "runner-image",
+        "Which runner image version did the failing CI job use?",
+        "The runner image version was",
+        image,
+        [f"{image[:-1]}{int(image[-1]) + 1}", "20240101.1", "latest"],
+        t,
+        4,
+    )
+    s.fact(
+        "tool_output", "ci-job", "Which CI job failed?", "The failing job was", job, [x for x in jobs if x != job], t, 3
+    )
 
 
 def scene_profile(s: Session):
@@ -931,47 +1603,108 @@ def scene_profile(s: Session):
     lang, n = s.sc["lang"], s.sc["noun"]
     stems = s.pick(["split_fields", "decode_row", "hash_key", "strip_bom", "merge_runs", "check_seq"], 4)
     camel = [x.split("_")[0] + x.split("_")[1].capitalize() for x in stems]
-    funcs = {"python": [f"_{x}" for x in stems], "go": [f"internal/{n}.{c}" for c in camel],
-             "rust": [f"{s.sc['project']}::{n}::{x}" for x in stems],
-             "java": [f"com.acme.{n}.{n.capitalize()}Parser.{c}" for c in camel],
-             "typescript": camel, "ruby": [f"{n.capitalize()}Cache#{x}" for x in stems]}[lang]
+    funcs = {
+        "python": [f"_{x}" for x in stems],
+        "go": [f"internal/{n}.{c}" for c in camel],
+        "rust": [f"{s.sc['project']}::{n}::{x}" for x in stems],
+        "java": [f"com.acme.{n}.{n.capitalize()}Parser.{c}" for c in camel],
+        "typescript": camel,
+        "ruby": [f"{n.capitalize()}Cache#{x}" for x in stems],
+    }[lang]
     times = sorted((round(s.rng.uniform(0.4, 9.9), 3) for _ in funcs), reverse=True)
-    cmd = {"python": "python -m cProfile -s cumtime", "go": "go tool pprof -top", "rust": "perf report --stdio",
-           "java": "asprof -d 30 -o flat", "typescript": "node --cpu-prof", "ruby": "stackprof"}[lang]
+    cmd = {
+        "python": "python -m cProfile -s cumtime",
+        "go": "go tool pprof -top",
+        "rust": "perf report --stdio",
+        "java": "asprof -d 30 -o flat",
+        "typescript": "node --cpu-prof",
+        "ruby": "stackprof",
+    }[lang]
     calls = [s.rng.randrange(9000, 99999) for _ in funcs]
     out = "   ncalls  cumtime  function\n" + "\n".join(
-        f"{c:>9}  {tm:>7.3f}  {f}" for c, f, tm in zip(calls, funcs, times))
+        f"{c:>9}  {tm:>7.3f}  {f}" for c, f, tm in zip(calls, funcs, times)
+    )
     t = s.act("Profiling one large input.", "bash", {"command": f"{cmd} ... fixtures/{n}s-large.bin | head -5"}, out)
-    s.fact("tool_output", "hot-function", "Which function had the highest cumulative time in the profile?",
-           "The hottest function was", funcs[0], funcs[1:], t, 5)
-    s.fact("tool_output", "hot-time", f"What cumulative time did `{funcs[0]}` show in the profile?",
-           f"`{funcs[0]}` took", f"{times[0]:.3f}", [f"{times[1]:.3f}", f"{times[0] / 2:.3f}", "1.000"], t, 3)
-    s.fact("tool_output", "ncalls", f"How many calls to `{funcs[1]}` did the profile count?",
-           f"`{funcs[1]}` was called", calls[1], [calls[0], calls[2], 10000], t, 3)
+    s.fact(
+        "tool_output",
+        "hot-function",
+        "Which function had the highest cumulative time in the profile?",
+        "The hottest function was",
+        funcs[0],
+        funcs[1:],
+        t,
+        5,
+    )
+    s.fact(
+        "tool_output",
+        "hot-time",
+        f"What cumulative time did `{funcs[0]}` show in the profile?",
+        f"`{funcs[0]}` took",
+        f"{times[0]:.3f}",
+        [f"{times[1]:.3f}", f"{times[0] / 2:.3f}", "1.000"],
+        t,
+        3,
+    )
+    s.fact(
+        "tool_output",
+        "ncalls",
+        f"How many calls to `{funcs[1]}` did the profile count?",
+        f"`{funcs[1]}` was called",
+        calls[1],
+        [calls[0], calls[2], 10000],
+        t,
+        3,
+    )
 
 
 def scene_summary(s: Session):
     """Closing summary restating final values."""
     items = [f"{k} = {v}" for k, v in sorted(s.values.items()) if k != "lib"]
-    s.add("assistant", s.pick(["Done. Final state:\n", "Wrapping up. Where things stand:\n"]) +
-          "\n".join(f"- {x}" for x in s.rng.sample(items, min(3, len(items)))) +
-          s.pick(["\nTests pass locally; the branch is ready for review.", "\nCI is green again."]))
+    s.add(
+        "assistant",
+        s.pick(["Done. Final state:\n", "Wrapping up. Where things stand:\n"])
+        + "\n".join(f"- {x}" for x in s.rng.sample(items, min(3, len(items))))
+        + s.pick(["\nTests pass locally; the branch is ready for review.", "\nCI is green again."]),
+    )
 
 
 # ---- assembling a transcript ------------------------------------------------------------------------------------
 
-REQUIRED = [scene_change, scene_change, scene_change, scene_const_change, scene_read_two, scene_read_config,
-            scene_tests, scene_ask]
-OPTIONAL = [scene_read_code, scene_plan, scene_ask, scene_git, scene_profile, scene_ci, scene_bump, scene_rename,
-            scene_read_code, scene_plan, scene_bump, scene_rename]
+REQUIRED = [
+    scene_change,
+    scene_change,
+    scene_change,
+    scene_const_change,
+    scene_read_two,
+    scene_read_config,
+    scene_tests,
+    scene_ask,
+]
+OPTIONAL = [
+    scene_read_code,
+    scene_plan,
+    scene_ask,
+    scene_git,
+    scene_profile,
+    scene_ci,
+    scene_bump,
+    scene_rename,
+    scene_read_code,
+    scene_plan,
+    scene_bump,
+    scene_rename,
+]
 
 
 def draft(index: int, seed: int, attempt: int) -> tuple[Session, int]:
     split, slug, task, lang, project, noun = SCENARIOS[index]
     rng = random.Random(seed * 100_000 + index * 100 + attempt)
     s = Session(rng, {"project": project, "noun": noun, "lang": lang, "task": task, "used": set()})
-    s.add("system", f"You are a coding agent in the {project} repository ({lang}). Tools: bash, read_file, "
-          "write_file, grep, run_tests. Python packages are under site-packages/.")
+    s.add(
+        "system",
+        f"You are a coding agent in the {project} repository ({lang}). Tools: bash, read_file, "
+        "write_file, grep, run_tests. Python packages are under site-packages/.",
+    )
     if task == "CI failure":
         s.sc["opener"] = fill(rng.choice(OPENERS[task]), s.sc)
         s.add("user", s.sc["opener"])
@@ -1003,13 +1736,16 @@ def build(index: int, seed: int) -> dict:
             break
     else:
         raise RuntimeError(f"{slug}: no draft met the token range and question quotas")
-    return {"id": f"gen-{slug}-{index + 1}",
-            "description": f"Generated by scripts/make_transcripts.py (seed {seed}); do not edit by hand. "
-                           f"{task[0].upper() + task[1:]} in {project}, a {lang} project. Scenario: "
-                           f"{s.sc['opener']} The agent reads real files from the venv's "
-                           "site-packages next to synthetic test, git, CI and profiler output, and settings "
-                           "change along the way.",
-            "messages": s.messages, "questions": questions}
+    return {
+        "id": f"gen-{slug}-{index + 1}",
+        "description": f"Generated by scripts/make_transcripts.py (seed {seed}); do not edit by hand. "
+        f"{task[0].upper() + task[1:]} in {project}, a {lang} project. Scenario: "
+        f"{s.sc['opener']} The agent reads real files from the venv's "
+        "site-packages next to synthetic test, git, CI and profiler output, and settings "
+        "change along the way.",
+        "messages": s.messages,
+        "questions": questions,
+    }
 
 
 def select(s: Session, tokens: int) -> list | None:
@@ -1017,11 +1753,20 @@ def select(s: Session, tokens: int) -> list | None:
     texts = [message_text(m) for m in parse_transcript({"id": "x", "messages": s.messages}).messages]
     good = []
     for f in s.facts:
-        wrong = [w for w in dict.fromkeys(f.wrong) if w.lower() != f.answer.lower()
-                 and not contains_keyword(w, f.answer) and not contains_keyword(f.answer, w)][:3]
+        wrong = [
+            w
+            for w in dict.fromkeys(f.wrong)
+            if w.lower() != f.answer.lower() and not contains_keyword(w, f.answer) and not contains_keyword(f.answer, w)
+        ][:3]
         turns = [i for i, tx in enumerate(texts) if contains_keyword(tx, f.answer)]
-        ok = (len(wrong) >= 2 and turns and turns[0] == f.turn and keyword_correct(f.answer, [f.answer], wrong)
-              and not contains_keyword(f.question, f.answer) and not contains_keyword(f.prefix, f.answer))
+        ok = (
+            len(wrong) >= 2
+            and turns
+            and turns[0] == f.turn
+            and keyword_correct(f.answer, [f.answer], wrong)
+            and not contains_keyword(f.question, f.answer)
+            and not contains_keyword(f.prefix, f.answer)
+        )
         if not ok:
             if DEBUG:
                 print("drop", f.kind, f.slug, repr(f.answer), f.turn, turns[:4], wrong, file=sys.stderr)
@@ -1041,9 +1786,18 @@ def select(s: Session, tokens: int) -> list | None:
     out, seen = [], {}
     for f, wrong, turns in good:
         seen[f.slug] = seen.get(f.slug, 0) + 1
-        out.append({"id": f.slug if seen[f.slug] == 1 else f"{f.slug}-{seen[f.slug]}", "kind": f.kind,
-                    "question": f.question, "answer_prefix": f.prefix, "accept": [f.answer], "reject": wrong,
-                    "choices": [f.answer] + wrong, "source_turns": turns})
+        out.append(
+            {
+                "id": f.slug if seen[f.slug] == 1 else f"{f.slug}-{seen[f.slug]}",
+                "kind": f.kind,
+                "question": f.question,
+                "answer_prefix": f.prefix,
+                "accept": [f.answer],
+                "reject": wrong,
+                "choices": [f.answer] + wrong,
+                "source_turns": turns,
+            }
+        )
     return out
 
 
@@ -1051,7 +1805,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="transcripts", help="directory holding dev/ and test/")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--check", action="store_true", help="exit 1 if the files on disk differ from what would be written")
+    ap.add_argument(
+        "--check", action="store_true", help="exit 1 if the files on disk differ from what would be written"
+    )
     args = ap.parse_args()
     out, differ = Path(args.out), 0
     for i, sc in enumerate(SCENARIOS):
@@ -1066,8 +1822,10 @@ def main() -> int:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-        print(f"{path}: {len(data['messages'])} messages, ~{estimate_tokens(data['messages'])} tokens (estimate), "
-              f"{len(data['questions'])} questions {kinds}")
+        print(
+            f"{path}: {len(data['messages'])} messages, ~{estimate_tokens(data['messages'])} tokens (estimate), "
+            f"{len(data['questions'])} questions {kinds}"
+        )
     if args.check:
         print(f"{differ} file(s) differ" if differ else "all files up to date")
     return 1 if differ else 0

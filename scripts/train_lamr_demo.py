@@ -52,29 +52,50 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--crf-lr-scale", type=float, default=100.0,
-                        help="CRF potentials learn this much faster (a few hundred steps, not the paper's ~11k)")
+    parser.add_argument(
+        "--crf-lr-scale",
+        type=float,
+        default=100.0,
+        help="CRF potentials learn this much faster (a few hundred steps, not the paper's ~11k)",
+    )
     parser.add_argument("--dropout", type=float, default=0.4)
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--threshold", type=float, default=0.4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reuse", action="store_true",
-                        help="load a variant's checkpoint instead of training it when it was trained with these "
-                             "settings on this corpus (resume after an interruption)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="load a variant's checkpoint instead of training it when it was trained with these "
+        "settings on this corpus (resume after an interruption)",
+    )
     args = parser.parse_args()
     console = Console(width=160)  # the table stays readable when the output goes to a log file
     start = time.perf_counter()
 
     args.out.mkdir(parents=True, exist_ok=True)
     corpus, val_corpus = args.out / "corpus.jsonl", args.out / "val.jsonl"
-    built = build_corpus_files(corpus, val_out=val_corpus, records=args.records, val_records=args.val_records,
-                               max_lines=args.max_lines, seed=args.seed)
-    console.print(f"corpus: {built['train']['records']} train records from {built['train']['source_files']} files, "
-                  f"{built['val']['records']} validation records from {built['val']['source_files']} other files")
+    built = build_corpus_files(
+        corpus,
+        val_out=val_corpus,
+        records=args.records,
+        val_records=args.val_records,
+        max_lines=args.max_lines,
+        seed=args.seed,
+    )
+    console.print(
+        f"corpus: {built['train']['records']} train records from {built['train']['source_files']} files, "
+        f"{built['val']['records']} validation records from {built['val']['source_files']} other files"
+    )
 
-    both = LaMRConfig(backbone=args.backbone, rubrics=("semantic", "dependency"), trainable_top_layers=0,
-                      backbone_dtype=args.backbone_dtype, max_length=args.max_length, threshold=args.threshold,
-                      dropout=args.dropout)
+    both = LaMRConfig(
+        backbone=args.backbone,
+        rubrics=("semantic", "dependency"),
+        trainable_top_layers=0,
+        backbone_dtype=args.backbone_dtype,
+        max_length=args.max_length,
+        threshold=args.threshold,
+        dropout=args.dropout,
+    )
     torch.manual_seed(args.seed)
     lamr = build_model(both)
     torch.manual_seed(args.seed)
@@ -86,16 +107,27 @@ def main() -> None:
     console.print(f"{len(train_set.examples)} train / {len(val_set.examples)} validation sequences, {tokens} tokens")
 
     corpus_hash = hashlib.sha256(corpus.read_bytes() + val_corpus.read_bytes()).hexdigest()
-    base = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, crf_lr_scale=args.crf_lr_scale,
-                       bf16_autocast=True, seed=args.seed)
+    base = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        crf_lr_scale=args.crf_lr_scale,
+        bf16_autocast=True,
+        seed=args.seed,
+    )
     runs = {}
     for name, model, config in [
         ("semantic-only", semantic_only, replace(base, rubric_weights=(1.0,))),
         ("semantic-dependency", lamr, base),
     ]:
         console.rule(name)
-        extra = {"train_config": asdict(config), "label_config": asdict(labels), "data": str(corpus),
-                 "val_data": str(val_corpus), "corpus_sha256": corpus_hash}
+        extra = {
+            "train_config": asdict(config),
+            "label_config": asdict(labels),
+            "data": str(corpus),
+            "val_data": str(val_corpus),
+            "corpus_sha256": corpus_hash,
+        }
         reused = _reusable(args.out / name, model, extra) if args.reuse else None
         if reused is not None:
             console.print(f"reusing {args.out / name} (same settings and corpus)")
@@ -114,26 +146,63 @@ def main() -> None:
     for label, run, repair_config in rows:
         model, summary = runs[run]
         scored = evaluate(model, val_set, args.threshold, repair_config, autocast=False)
-        results.append({"variant": label, "fused_target": summary.fused_target, "val_token_f1": summary.best_val.get("f1"),
-                        "teacher": scored.scores["teacher"], "support": scored.scores["denoised"],
-                        "kept_tokens": scored.kept_token_fraction, "parses": scored.python_parse_rate,
-                        "query_sensitivity": scored.query_sensitivity(val_set.records)})
-    table = Table(title=f"LaMR ablation in miniature: {len(val_set.records)} validation records, threshold {args.threshold}")
-    for column in ("variant", "fused target", "train-val F1", "P/R/F1 vs evidence", "P/R/F1 vs evidence+support",
-                   "kept tokens", "parses", "query-sensitive"):
+        results.append(
+            {
+                "variant": label,
+                "fused_target": summary.fused_target,
+                "val_token_f1": summary.best_val.get("f1"),
+                "teacher": scored.scores["teacher"],
+                "support": scored.scores["denoised"],
+                "kept_tokens": scored.kept_token_fraction,
+                "parses": scored.python_parse_rate,
+                "query_sensitivity": scored.query_sensitivity(val_set.records),
+            }
+        )
+    table = Table(
+        title=f"LaMR ablation in miniature: {len(val_set.records)} validation records, threshold {args.threshold}"
+    )
+    for column in (
+        "variant",
+        "fused target",
+        "train-val F1",
+        "P/R/F1 vs evidence",
+        "P/R/F1 vs evidence+support",
+        "kept tokens",
+        "parses",
+        "query-sensitive",
+    ):
         table.add_column(column)
     for r in results:
-        table.add_row(r["variant"], r["fused_target"], f"{r['val_token_f1']:.3f}", _prf(r["teacher"]), _prf(r["support"]),
-                      f"{r['kept_tokens']:.2f}", f"{r['parses']:.2f}", _fraction(r["query_sensitivity"]))
+        table.add_row(
+            r["variant"],
+            r["fused_target"],
+            f"{r['val_token_f1']:.3f}",
+            _prf(r["teacher"]),
+            _prf(r["support"]),
+            f"{r['kept_tokens']:.2f}",
+            f"{r['parses']:.2f}",
+            _fraction(r["query_sensitivity"]),
+        )
     console.print(table)
     minutes = (time.perf_counter() - start) / 60
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu_minutes = (usage.ru_utime + usage.ru_stime) / 60
-    console.print(f"total {minutes:.1f} min wall, {cpu_minutes:.1f} min CPU ({torch.get_num_threads()} threads); "
-                  f"checkpoints in {args.out}")
-    (args.out / "ablation.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                         "minutes": minutes, "cpu_minutes": cpu_minutes,
-                                                         "results": results}, indent=2) + "\n")
+    console.print(
+        f"total {minutes:.1f} min wall, {cpu_minutes:.1f} min CPU ({torch.get_num_threads()} threads); "
+        f"checkpoints in {args.out}"
+    )
+    (args.out / "ablation.json").write_text(
+        json.dumps(
+            {
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "minutes": minutes,
+                "cpu_minutes": cpu_minutes,
+                "results": results,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def _reusable(directory: Path, model: LaMRModel, extra: dict):
@@ -143,7 +212,8 @@ def _reusable(directory: Path, model: LaMRModel, extra: dict):
     except Exception:  # absent or unreadable: train instead
         return None
     same = manifest.get("config") == model.config.to_dict() and all(
-        json.loads(json.dumps(manifest.get(k))) == json.loads(json.dumps(v)) for k, v in extra.items())
+        json.loads(json.dumps(manifest.get(k))) == json.loads(json.dumps(v)) for k, v in extra.items()
+    )
     if not same:
         return None
     loaded, _ = load_checkpoint(directory, model.device)

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vkv import zoo
-from vkv.model import FrozenLM, load_model
+from vkv.lm import zoo
+from vkv.lm.frozen import FrozenLM
+from vkv.lm.load import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -44,9 +45,15 @@ def build_tiny(arch: str, tokenizer, seed: int = 0, layers: int = 3) -> FrozenLM
 
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-        tie_word_embeddings=True, attn_implementation="sdpa",
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
     )
     config = LlamaConfig(**common, rope_theta=10000.0) if arch == "llama" else Qwen2Config(**common)
     model = AutoModelForCausalLM.from_config(config).float()
@@ -81,6 +88,9 @@ def tiny_lamr_checkpoint(tiny_llama, tmp_path_factory) -> Path:
     tiny_llama.model.save_pretrained(root / "backbone")
     tiny_llama.tokenizer.save_pretrained(root / "backbone")
     torch.manual_seed(0)
-    model = build_model(LaMRConfig(backbone=str(root / "backbone"), rubrics=("semantic", "dependency"),
-                                   trainable_top_layers=0, max_length=512))
+    model = build_model(
+        LaMRConfig(
+            backbone=str(root / "backbone"), rubrics=("semantic", "dependency"), trainable_top_layers=0, max_length=512
+        )
+    )
     return save_checkpoint(model, root / "checkpoint")

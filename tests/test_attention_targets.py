@@ -5,19 +5,18 @@ import math
 import pytest
 import torch
 
-from vkv.capture import capture_span
-from vkv.compress import CompressConfig, compress
+from tests.conftest import FIXTURES
+from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.optimise import OptimConfig, layer_losses, optimise
+from vkv.compress.pooling import block_weights, partition
+from vkv.compress.positions import virtual_positions
+from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.single import CompressConfig, compress
+from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
-from vkv.hybrid import HybridConfig, hybrid_segment
-from vkv.model import KVPrefix
-from vkv.optimize import OptimConfig, layer_losses, optimise
-from vkv.pooling import block_weights, partition
-from vkv.positions import virtual_positions
-from vkv.sequential import MultiTurnConfig
-from vkv.targets import build_targets
-from vkv.transcript import load_transcript, render
-
-from .conftest import FIXTURES
+from vkv.kv.prefix import KVPrefix
+from vkv.lm.capture import capture_span
+from vkv.text.transcript import load_transcript, render
 
 
 def _span(lm):
@@ -65,8 +64,9 @@ def test_optimising_lowers_the_readout_error_and_batches_agree(tiny_llama):
     assert result.best_loss < 0.9 * result.initial_loss
     with torch.no_grad():
         keys, values = tiny_llama.forward_kv(result.embeddings[None], positions, prefix)
-    torch.testing.assert_close(float(layer_losses(keys, values, targets, "mse").mean()), result.best_loss,
-                               rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(
+        float(layer_losses(keys, values, targets, "mse").mean()), result.best_loss, rtol=1e-4, atol=1e-6
+    )
 
 
 def test_compress_with_attention_targets_end_to_end(tiny_llama):
@@ -81,25 +81,71 @@ def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
         MultiTurnConfig(compress=CompressConfig(target="v+attention")).validate()
     ids, start, end = _span(tiny_llama)
     acts, cache = capture_span(tiny_llama, ids, start, end, keep_cache=True)
-    span_kv = KVPrefix([k[:, :, start:end] for k in KVPrefix.from_cache(cache).keys],
-                       [v[:, :, start:end] for v in KVPrefix.from_cache(cache).values])
+    span_kv = KVPrefix(
+        [k[:, :, start:end] for k in KVPrefix.from_cache(cache).keys],
+        [v[:, :, start:end] for v in KVPrefix.from_cache(cache).values],
+    )
     with pytest.raises(VkvError, match="not v\\+attention"):
-        hybrid_segment(tiny_llama, ids, acts, span_kv, KVPrefix.from_cache(cache, start), 5,
-                       CompressConfig(target="v+attention"), HybridConfig(0.2))
+        hybrid_segment(
+            tiny_llama,
+            ids,
+            acts,
+            span_kv,
+            KVPrefix.from_cache(cache, start),
+            5,
+            CompressConfig(target="v+attention"),
+            HybridConfig(0.2),
+        )
 
 
 def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_path, tmp_path, test_model_dir):
-    from vkv.cache import load_cache
     from vkv.cli import main
+    from vkv.kv.file import load_cache
 
     out = tmp_path / "c.safetensors"
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--ratio", "3.2",
-                 "--span", "turns:3-4", "--steps", "3", "--target", "v+attention", "--attention-weight", "0.5",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--ratio",
+                "3.2",
+                "--span",
+                "turns:3-4",
+                "--steps",
+                "3",
+                "--target",
+                "v+attention",
+                "--attention-weight",
+                "0.5",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     config = load_cache(out).meta["config"]
     assert config["target"] == "v+attention" and config["attention_weight"] == 0.5
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
-                 "--target", "v+attention", "--sequential", "--out", str(tmp_path / "s.safetensors")]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--span",
+                "turns:3-4",
+                "--target",
+                "v+attention",
+                "--sequential",
+                "--out",
+                str(tmp_path / "s.safetensors"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcript_path, tmp_path, capsys):
@@ -107,6 +153,21 @@ def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcri
 
     with pytest.raises(VkvError, match="field attention_weight: must be ≥ 0, got -1"):
         CompressConfig(attention_weight=-1.0).validate()
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
-                 "--attention-weight", "-1", "--out", str(tmp_path / "c.safetensors")]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--span",
+                "turns:3-4",
+                "--attention-weight",
+                "-1",
+                "--out",
+                str(tmp_path / "c.safetensors"),
+            ]
+        )
+        == 2
+    )
     assert "attention_weight" in capsys.readouterr().err and not (tmp_path / "c.safetensors").exists()

@@ -3,16 +3,16 @@
 import pytest
 import torch
 
-from vkv.autoratio import AutoRatioConfig, choose_ratio, segment_loss
-from vkv.cache import Segment
-from vkv.compress import CompressConfig, span_blocks
+from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.pooling import block_weights, num_virtual_tokens
+from vkv.compress.sequential import FullHistory, MultiTurnConfig
+from vkv.compress.session import Session
+from vkv.compress.single import CompressConfig, span_blocks
+from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
-from vkv.optimize import OptimConfig
-from vkv.pooling import block_weights, num_virtual_tokens
-from vkv.sequential import FullHistory, MultiTurnConfig
-from vkv.session import Session
-from vkv.targets import build_targets
-from vkv.transcript import load_transcript
+from vkv.kv.segment import Segment
+from vkv.text.transcript import load_transcript
 
 LADDER = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
@@ -42,12 +42,13 @@ def test_ladder_search_returns_the_highest_ratio_within_tolerance(threshold):
 
 
 def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_llama):
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     max_loss = 0.12
-    config = MultiTurnConfig(CompressConfig(optim=OptimConfig(steps=3)), targets="oracle",
-                             auto_ratio=AutoRatioConfig(max_loss, LADDER))
+    config = MultiTurnConfig(
+        CompressConfig(optim=OptimConfig(steps=3)), targets="oracle", auto_ratio=AutoRatioConfig(max_loss, LADDER)
+    )
     session = Session(tiny_llama, config)
     session.extend(list(transcript.messages[:5]))
     session.compress(turns=(1, 5))
@@ -58,8 +59,9 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
         if segment.kind == "verbatim":
             continue
         acts = history.view(turn).acts  # re-measure: the stored V against freshly built oracle targets
-        blocks = span_blocks(tiny_llama, session.ids, turn.start, turn.end, segment.entries, config.compress,
-                             acts.surprisal)
+        blocks = span_blocks(
+            tiny_llama, session.ids, turn.start, turn.end, segment.entries, config.compress, acts.surprisal
+        )
         weights = block_weights("surprisal", blocks, acts.surprisal)
         targets = build_targets(tiny_llama, torch.tensor(session.ids), acts, blocks, weights, "v")
         per_layer = (segment.values - targets.values).pow(2).mean(dim=(1, 2, 3)) / targets.value_scale

@@ -3,26 +3,28 @@
 import pytest
 import torch
 
-from vkv.capture import capture_span
-from vkv.compress import CompressConfig, compress
+from tests.test_hybrid import evaluation, verbatim_entries  # noqa: F401  (a module fixture)
+from vkv.compress.hybrid import HybridConfig
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.pooling import block_mass, partition, partition_by_mass
+from vkv.compress.single import CompressConfig, compress
 from vkv.errors import VkvError
-from vkv.hybrid import HybridConfig
+from vkv.lm.capture import capture_span
 from vkv.methods import get_method
-from vkv.optimize import OptimConfig
-from vkv.pooling import block_mass, partition, partition_by_mass
 
-from .test_hybrid import evaluation, verbatim_entries  # noqa: F401  (module fixture)
-
-TEXT = ("The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
-        "The default JWT secret is dev-secret and finished tasks have the status done.")
+TEXT = (
+    "The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
+    "The default JWT secret is dev-secret and finished tasks have the status done."
+)
 
 
 @pytest.mark.parametrize("floor", [0.0, 1.0])
 def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     ids = smol.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     start, end = 2, 30
-    config = CompressConfig(ratio=4.0, boundaries="surprisal", mass_floor=floor, positions="centres",
-                            optim=OptimConfig(steps=2))
+    config = CompressConfig(
+        ratio=4.0, boundaries="surprisal", mass_floor=floor, positions="centres", optim=OptimConfig(steps=2)
+    )
     segment = compress(smol, ids, start, end, config).segments[1]
     acts, _ = capture_span(smol, torch.tensor(ids[:end]), start, end)
     mass = block_mass(acts.surprisal, config.mass_floor)
@@ -38,7 +40,8 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
 def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F811
     config = CompressConfig(boundaries="surprisal", mass_floor=0.0, positions="centres", optim=OptimConfig(steps=2))
     segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
-        evaluation.work, 3.2)
+        evaluation.work, 3.2
+    )
     work = evaluation.work
     kept = set(segment.stats["verbatim_positions"])
     rest = torch.tensor([p for p in range(work.start, work.end) if p not in kept]) - work.start
@@ -57,16 +60,51 @@ def test_unknown_boundaries_are_refused(tiny_llama):
 
 
 def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model_dir):
-    from vkv.cache import load_cache
     from vkv.cli import main
+    from vkv.kv.file import load_cache
 
     out = tmp_path / "c.safetensors"
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
-                 "--steps", "2", "--boundaries", "surprisal", "--mass-floor", "0.5", "--positions", "centres",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--span",
+                "turns:3-4",
+                "--steps",
+                "2",
+                "--boundaries",
+                "surprisal",
+                "--mass-floor",
+                "0.5",
+                "--positions",
+                "centres",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     config = load_cache(out).meta["config"]
     assert (config["boundaries"], config["mass_floor"], config["positions"]) == ("surprisal", 0.5, "centres")
     refused = tmp_path / "refused.safetensors"
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:3-4",
-                 "--mass-floor", "-1", "--out", str(refused)]) == 2
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--span",
+                "turns:3-4",
+                "--mass-floor",
+                "-1",
+                "--out",
+                str(refused),
+            ]
+        )
+        == 2
+    )
     assert not refused.exists()

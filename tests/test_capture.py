@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from vkv.capture import capture_span, projection_hooks
 from vkv.errors import VkvError
+from vkv.lm.capture import capture_span, projection_hooks
 
 TEXT = "The project hashes passwords with bcryptjs and tests run with node:test; the JWT secret is dev-secret."
 

@@ -40,8 +40,22 @@ def test_doctor_8bit_cli_writes_json(test_model_dir, tmp_path):
 
 def test_plan_cli_fits_the_reference_setup_and_refuses_a_tiny_gpu(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["plan", "--model", "Qwen/Qwen2.5-Coder-7B-Instruct", "--window", "4096", "--ratio", "3.2",
-                 "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "Qwen/Qwen2.5-Coder-7B-Instruct",
+                "--window",
+                "4096",
+                "--ratio",
+                "3.2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     plan = json.loads(out.read_text())
     assert plan["virtual_tokens"] == 1280 and plan["peak"] < 32 * 2**30
     assert "fits" in capsys.readouterr().out
@@ -53,11 +67,29 @@ def test_lamr_commands_build_a_corpus_and_prune_needs_a_checkpoint(tmp_path, tes
     source = tmp_path / "src"
     source.mkdir()
     for i in range(6):
-        (source / f"m{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    y = x + {j}\n    return y * 2\n\n\n"
-                                                 for j in range(8)))
+        (source / f"m{i}.py").write_text(
+            "".join(f"def f{i}_{j}(x):\n    y = x + {j}\n    return y * 2\n\n\n" for j in range(8))
+        )
     out = tmp_path / "corpus.jsonl"
-    assert main(["lamr", "build-corpus", "--out", str(out), "--sources", str(source), "--records", "5",
-                 "--min-lines", "6", "--max-lines", "20"]) == 0
+    assert (
+        main(
+            [
+                "lamr",
+                "build-corpus",
+                "--out",
+                str(out),
+                "--sources",
+                str(source),
+                "--records",
+                "5",
+                "--min-lines",
+                "6",
+                "--max-lines",
+                "20",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert records and all(set(r) == {"query", "code", "kept_frags", "score"} for r in records)
     target = source / "m0.py"

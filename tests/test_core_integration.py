@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from vkv.cache import load_cache, save_cache
 from vkv.cli import main
-from vkv.compress import CompressConfig, compress_transcript
-from vkv.decode import Context
-from vkv.optimize import OptimConfig
-from vkv.transcript import load_transcript
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.single import CompressConfig, compress_transcript
+from vkv.kv.context import Context
+from vkv.text.transcript import load_transcript
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +27,10 @@ def test_optimisation_halves_the_v_loss_on_a_real_span(quant, smol, smol8, mini_
 
 
 def test_all_verbatim_identity_on_test_model(smol, mini_transcript_path):
-    from vkv.cache import SplicedCache, verbatim_segment
-    from vkv.capture import capture_span
-    from vkv.transcript import render
+    from vkv.kv.segment import verbatim_segment
+    from vkv.kv.spliced import SplicedCache
+    from vkv.lm.capture import capture_span
+    from vkv.text.transcript import render
 
     rendered = render(load_transcript(mini_transcript_path), smol.tokenizer)
     ids, cut = rendered.ids, rendered.spans[5].start
@@ -47,10 +47,33 @@ def test_all_verbatim_identity_on_test_model(smol, mini_transcript_path):
 @pytest.mark.parametrize("quant", ["fp32", "8bit"])
 def test_compress_inspect_ask_from_the_cli(quant, mini_transcript_path, tmp_path, capsys, test_model_dir):
     out = tmp_path / "c.safetensors"
-    assert main(["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--quant", quant,
-                 "--ratio", "3.2", "--span", "turns:3-4", "--steps", "3", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compress",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--quant",
+                quant,
+                "--ratio",
+                "3.2",
+                "--span",
+                "turns:3-4",
+                "--steps",
+                "3",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert main(["inspect", str(out)]) == 0
     assert "virtual" in capsys.readouterr().out
-    assert main(["ask", str(out), "--quant", quant, "--question", "Which hashing library is used?",
-                 "--max-new-tokens", "4"]) == 0
+    assert (
+        main(
+            ["ask", str(out), "--quant", quant, "--question", "Which hashing library is used?", "--max-new-tokens", "4"]
+        )
+        == 0
+    )
     assert "A:" in capsys.readouterr().out

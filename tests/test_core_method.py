@@ -5,16 +5,20 @@ import math
 import pytest
 import torch
 
-from vkv.cache import SplicedCache, load_cache, save_cache, verbatim_segment, cache_metadata
-from vkv.capture import capture_span
-from vkv.compress import CompressConfig, compress
-from vkv.decode import Context
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.single import CompressConfig, compress
 from vkv.errors import VkvError
-from vkv.model import KVPrefix
-from vkv.optimize import OptimConfig
+from vkv.kv.context import Context
+from vkv.kv.file import cache_metadata, load_cache, save_cache
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.capture import capture_span
 
-TEXT = ("The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
-        "The default JWT secret is dev-secret and finished tasks have the status done.")
+TEXT = (
+    "The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
+    "The default JWT secret is dev-secret and finished tasks have the status done."
+)
 
 
 def ids_of(lm, text=TEXT):
@@ -103,7 +107,7 @@ def test_save_load_roundtrip_gives_identical_logits(tiny_llama, tmp_path):
 
 
 def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, tmp_path):
-    from .conftest import build_tiny
+    from tests.conftest import build_tiny
 
     lm = tiny_llama
     spliced = compress(lm, ids_of(lm), 2, 12, CompressConfig(ratio=2.0, optim=OptimConfig(steps=1)))

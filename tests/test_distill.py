@@ -3,18 +3,18 @@
 import pytest
 import torch
 
-from vkv.capture import capture_span
-from vkv.compress import CompressConfig, compress
-from vkv.distill import DistillConfig, build_probes, distill, summary_request_ids
+from vkv.compress.distill import DistillConfig, build_probes, distill, summary_request_ids
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.single import CompressConfig, compress
 from vkv.errors import VkvError
-from vkv.model import KVPrefix
-from vkv.optimize import OptimConfig
-from vkv.transcript import load_transcript, render
+from vkv.kv.prefix import KVPrefix
+from vkv.lm.capture import capture_span
+from vkv.text.transcript import load_transcript, render
 
 
 @pytest.fixture(scope="module")
 def problem(tiny_llama):
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
     rendered = render(load_transcript(FIXTURES / "mini-agent.json"), tiny_llama.tokenizer)
     start, end = rendered.spans[2].start, rendered.spans[4].start
@@ -31,14 +31,13 @@ def test_kl_is_zero_with_the_real_span_and_falls_with_optimisation(tiny_llama, p
     ids, start, end, teacher = problem
     config = DistillConfig(steps=6, lr=2e-3, probe_tokens=12)
     probes = build_probes(tiny_llama, ids, end, teacher, config)
-    assert len(probes) == 2 and probes[0].ids == ids[end:end + 12]
+    assert len(probes) == 2 and probes[0].ids == ids[end : end + 12]
     prefix = KVPrefix([k[:, :, :start] for k in teacher.keys], [v[:, :, :start] for v in teacher.values])
     real = tiny_llama.embed(torch.tensor(ids[start:end])).float()
-    _, exact = distill(tiny_llama, prefix, real, torch.arange(start, end).float(), end, probes,
-                       DistillConfig(steps=0))
+    _, exact = distill(tiny_llama, prefix, real, torch.arange(start, end).float(), end, probes, DistillConfig(steps=0))
     assert exact[0] == pytest.approx(0.0, abs=1e-4)
     k = (end - start) // 4
-    start_x = real[: k].clone()
+    start_x = real[:k].clone()
     positions = torch.linspace(start, end - 1, k)
     best, trace = distill(tiny_llama, prefix, start_x, positions, end, probes, config)
     assert len(trace) == 7 and min(trace[1:]) < trace[0] and best.shape == start_x.shape
@@ -46,8 +45,9 @@ def test_kl_is_zero_with_the_real_span_and_falls_with_optimisation(tiny_llama, p
 
 def test_compress_records_the_distillation_stage(tiny_llama, problem):
     ids, start, end, _ = problem
-    config = CompressConfig(ratio=4.0, optim=OptimConfig(steps=2),
-                            distill=DistillConfig(steps=2, probes=("continuation",), probe_tokens=8))
+    config = CompressConfig(
+        ratio=4.0, optim=OptimConfig(steps=2), distill=DistillConfig(steps=2, probes=("continuation",), probe_tokens=8)
+    )
     spliced = compress(tiny_llama, ids, start, end, config)
     stats = spliced.segments[1].stats["distill"]
     assert stats["probe_tokens"] == [8] and len(stats["trace"]) == 3

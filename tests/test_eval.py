@@ -5,30 +5,30 @@ import json
 import pytest
 import torch
 
+from tests.conftest import bundled_transcripts
 from vkv.cli import main
-from vkv.compress import CompressConfig
-from vkv.errors import VkvError
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.single import CompressConfig
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
-from vkv.evals.windows import select_windows, turn_windows, window_transcript
 from vkv.methods import METHODS, get_method
 from vkv.methods.base import TextMethod
-from vkv.optimize import OptimConfig
-from vkv.transcript import load_transcript, parse_transcript, render
-
-from .conftest import bundled_transcripts
+from vkv.text.transcript import load_transcript, parse_transcript, render
+from vkv.text.windows import select_windows, turn_windows, window_transcript
 
 FAST = CompressConfig(optim=OptimConfig(steps=2))
 
 
 @pytest.fixture(scope="module")
 def evaluation(tiny_llama, mini_transcript_path_module):
-    return TranscriptEval(tiny_llama, load_transcript(mini_transcript_path_module), settings=EvalSettings(max_new_tokens=3))
+    return TranscriptEval(
+        tiny_llama, load_transcript(mini_transcript_path_module), settings=EvalSettings(max_new_tokens=3)
+    )
 
 
 @pytest.fixture(scope="module")
 def mini_transcript_path_module():
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
     return FIXTURES / "mini-agent.json"
 
@@ -147,10 +147,19 @@ def test_windows_partition_questions(smol_tokenizer):
 
 
 def test_static_validation_finds_leaks():
-    data = {"id": "t", "messages": [
-        {"role": "system", "content": "Use bcryptjs."}, {"role": "user", "content": "hash with bcryptjs"}],
-        "questions": [{"id": "q", "question": "Which?", "accept": ["bcryptjs"], "choices": ["bcrypt", "bcryptjs"],
-                       "source_turns": [1]}]}
+    data = {
+        "id": "t",
+        "messages": [{"role": "system", "content": "Use bcryptjs."}, {"role": "user", "content": "hash with bcryptjs"}],
+        "questions": [
+            {
+                "id": "q",
+                "question": "Which?",
+                "accept": ["bcryptjs"],
+                "choices": ["bcrypt", "bcryptjs"],
+                "source_turns": [1],
+            }
+        ],
+    }
     found = check_static(parse_transcript(data))
     assert any("leaks into messages[0]" in p for p in found.problems)
     assert any("choices[0] 'bcrypt' is not an accepted answer" in p for p in found.problems)
@@ -172,14 +181,49 @@ def test_bundled_transcripts_validate(capsys, smol_tokenizer):
 
 def test_eval_cli_writes_design_json(tmp_path, test_model_dir, mini_transcript_path):
     out = tmp_path / "eval.json"
-    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "full,none,truncate,knorm",
-                 "--ratio", "2,4", "--max-new-tokens", "2", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(mini_transcript_path),
+                "--model",
+                "smollm2-135m",
+                "--method",
+                "full,none,truncate,knorm",
+                "--ratio",
+                "2,4",
+                "--max-new-tokens",
+                "2",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     results = json.loads(out.read_text())
     assert [(r["method"], r["ratio_requested"]) for r in results] == [
-        ("full", None), ("none", None), ("truncate", 2.0), ("truncate", 4.0), ("knorm", 2.0), ("knorm", 4.0)]
+        ("full", None),
+        ("none", None),
+        ("truncate", 2.0),
+        ("truncate", 4.0),
+        ("knorm", 2.0),
+        ("knorm", 4.0),
+    ]
     for r in results:
-        assert {"transcript", "method", "model", "quant", "ratio_requested", "ratio_achieved", "span_tokens",
-                "compressed_entries", "seconds", "config", "questions", "summary"} <= set(r)
+        assert {
+            "transcript",
+            "method",
+            "model",
+            "quant",
+            "ratio_requested",
+            "ratio_achieved",
+            "span_tokens",
+            "compressed_entries",
+            "seconds",
+            "config",
+            "questions",
+            "summary",
+        } <= set(r)
         assert set(r["summary"]) >= {"keyword_accuracy", "choice_accuracy", "mean_retention", "fidelity_kl"}
 
 
@@ -215,7 +259,7 @@ def test_text_methods_per_turn_prune_each_message_with_the_request_known_then(ev
 
 @pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv"])
 def test_eviction_per_turn_keeps_each_turns_share_from_its_own_view(evaluation, name):
-    from vkv.sequential import allocate, message_turns
+    from vkv.compress.sequential import allocate, message_turns
 
     work = evaluation.work
     group = get_method(name, per_turn=True).compress(work, 2.0)
@@ -235,24 +279,33 @@ def test_eviction_per_turn_keeps_each_turns_share_from_its_own_view(evaluation, 
 
 
 def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evaluation):
-    from vkv.attention import attention_to_span
-    from vkv.cache import SplicedCache, verbatim_segment
+    from vkv.compress.sequential import message_turns, view_on_cache
+    from vkv.kv.segment import verbatim_segment
+    from vkv.kv.spliced import SplicedCache
+    from vkv.lm.attention import attention_to_span
     from vkv.methods.eviction import TurnWork
-    from vkv.sequential import message_turns, view_on_cache
 
     work = evaluation.work
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
     history = SplicedCache()
     history.append(verbatim_segment(work.kv, 0, turn.start))
     view = view_on_cache(work.lm, history, work.ids, turn, queries=True)
-    turn_work = TurnWork(work.lm, work.ids, turn.start, turn.end, view.kv, view.acts, work.message_starts,
-                         kv_start=turn.start, history=history)
+    turn_work = TurnWork(
+        work.lm,
+        work.ids,
+        turn.start,
+        turn.end,
+        view.kv,
+        view.acts,
+        work.message_starts,
+        kv_start=turn.start,
+        history=history,
+    )
     keys, queries = (turn.start, turn.end - 3), (turn.end - 3, turn.end)
     expected = attention_to_span(work.lm, work.ids[: turn.end], keys, queries)
     assert torch.allclose(turn_work.attention_between(keys, queries), expected, atol=1e-5)
 
 
 def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
-    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv",
-                 "--per-turn"]) == 2
+    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--per-turn"]) == 2
     assert "method 'vkv' has no per-turn mode" in capsys.readouterr().err

@@ -5,26 +5,27 @@ import warnings
 import pytest
 import torch
 
-from vkv.capture import Activations
-from vkv.compress import CompressConfig
+from vkv.compress.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.session import Session
+from vkv.compress.single import CompressConfig
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
-from vkv.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
+from vkv.lm.capture import Activations
 from vkv.methods import get_method
-from vkv.optimize import OptimConfig
-from vkv.sequential import MultiTurnConfig
-from vkv.session import Session
-from vkv.transcript import load_transcript
+from vkv.text.transcript import load_transcript
 
 FAST = CompressConfig(optim=OptimConfig(steps=2))
 
 
 @pytest.fixture(scope="module")
 def evaluation(tiny_llama):
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
-    return TranscriptEval(tiny_llama, load_transcript(FIXTURES / "mini-agent.json"),
-                          settings=EvalSettings(max_new_tokens=2))
+    return TranscriptEval(
+        tiny_llama, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=2)
+    )
 
 
 def verbatim_entries(segment):
@@ -58,7 +59,9 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
     config = CompressConfig(proportional_attention=False, optim=OptimConfig(steps=2))
-    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(evaluation.work, 3.2)
+    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
+        evaluation.work, 3.2
+    )
     assert segment.mass is None
 
 
@@ -71,7 +74,7 @@ def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):
 
 
 def test_sequential_hybrid_keeps_each_turns_own_kv(tiny_llama):
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     session = Session(tiny_llama, MultiTurnConfig(FAST, targets="online", hybrid=HybridConfig(0.15, max_share=0.9)))

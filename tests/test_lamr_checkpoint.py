@@ -12,7 +12,9 @@ from vkv.backends.lamr.crf import LinearChainCRF
 from vkv.errors import VkvError
 
 TOKENIZER = Path.home() / ".cache" / "vkv" / "models" / "smollm2-135m"
-pytestmark = pytest.mark.skipif(not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched")
+pytestmark = pytest.mark.skipif(
+    not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched"
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +23,14 @@ def tiny(tmp_path_factory):
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=1024, tie_word_embeddings=True,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
     )
     torch.manual_seed(1)
     model = LlamaForCausalLM(config).eval()
@@ -40,23 +48,25 @@ def swe_pruner_tensors(base: nn.Module, width: int, hidden: int = 256) -> dict[s
         return torch.randn(*shape, generator=g) * 0.1
 
     tensors = {f"backbone.{k}": v.clone() for k, v in base.state_dict().items()}
-    tensors.update({
-        "fusion_layers.0.in_proj_weight": rand(3 * width, width),
-        "fusion_layers.0.in_proj_bias": rand(3 * width),
-        "fusion_layers.0.out_proj.weight": rand(width, width),
-        "fusion_layers.0.out_proj.bias": rand(width),
-        "fusion_norms.0.weight": 1 + rand(width),
-        "fusion_norms.0.bias": rand(width),
-        "compression_head.feature_extractor.0.weight": 1 + rand(width),
-        "compression_head.feature_extractor.0.bias": rand(width),
-        "compression_head.feature_extractor.1.weight": rand(hidden, width),
-        "compression_head.feature_extractor.1.bias": rand(hidden),
-        "compression_head.feature_extractor.4.weight": rand(2, hidden),
-        "compression_head.feature_extractor.4.bias": rand(2),
-        "compression_head.crf.transitions": torch.tensor([[0.3, -1.2], [2.0, 0.1]]),  # [to, from]
-        "compression_head.crf.start_transitions": torch.tensor([0.2, -0.4]),
-        "compression_head.crf.end_transitions": torch.tensor([-0.1, 0.5]),
-    })
+    tensors.update(
+        {
+            "fusion_layers.0.in_proj_weight": rand(3 * width, width),
+            "fusion_layers.0.in_proj_bias": rand(3 * width),
+            "fusion_layers.0.out_proj.weight": rand(width, width),
+            "fusion_layers.0.out_proj.bias": rand(width),
+            "fusion_norms.0.weight": 1 + rand(width),
+            "fusion_norms.0.bias": rand(width),
+            "compression_head.feature_extractor.0.weight": 1 + rand(width),
+            "compression_head.feature_extractor.0.bias": rand(width),
+            "compression_head.feature_extractor.1.weight": rand(hidden, width),
+            "compression_head.feature_extractor.1.bias": rand(hidden),
+            "compression_head.feature_extractor.4.weight": rand(2, hidden),
+            "compression_head.feature_extractor.4.bias": rand(2),
+            "compression_head.crf.transitions": torch.tensor([[0.3, -1.2], [2.0, 0.1]]),  # [to, from]
+            "compression_head.crf.start_transitions": torch.tensor([0.2, -0.4]),
+            "compression_head.crf.end_transitions": torch.tensor([-0.1, 0.5]),
+        }
+    )
     return tensors
 
 
@@ -68,16 +78,25 @@ def reference_emissions(tensors, base, ids):
     h = torch.cat([out.hidden_states[i] for i in picks], dim=-1)
     width = h.shape[-1]
     attention = nn.MultiheadAttention(width, 8, batch_first=True)
-    attention.load_state_dict({
-        "in_proj_weight": tensors["fusion_layers.0.in_proj_weight"], "in_proj_bias": tensors["fusion_layers.0.in_proj_bias"],
-        "out_proj.weight": tensors["fusion_layers.0.out_proj.weight"], "out_proj.bias": tensors["fusion_layers.0.out_proj.bias"],
-    })
+    attention.load_state_dict(
+        {
+            "in_proj_weight": tensors["fusion_layers.0.in_proj_weight"],
+            "in_proj_bias": tensors["fusion_layers.0.in_proj_bias"],
+            "out_proj.weight": tensors["fusion_layers.0.out_proj.weight"],
+            "out_proj.bias": tensors["fusion_layers.0.out_proj.bias"],
+        }
+    )
     norm = nn.LayerNorm(width)
     norm.load_state_dict({"weight": tensors["fusion_norms.0.weight"], "bias": tensors["fusion_norms.0.bias"]})
     h = norm(attention(h, h, h, need_weights=False)[0] + h)
     head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 256), nn.GELU(), nn.Dropout(0.0), nn.Linear(256, 2))
-    head.load_state_dict({k.removeprefix("compression_head.feature_extractor."): v
-                          for k, v in tensors.items() if k.startswith("compression_head.feature_extractor.")})
+    head.load_state_dict(
+        {
+            k.removeprefix("compression_head.feature_extractor."): v
+            for k, v in tensors.items()
+            if k.startswith("compression_head.feature_extractor.")
+        }
+    )
     emissions = head(h)
     last = out.last_hidden_state[:, -1]
     embed = tensors["backbone.embed_tokens.weight"]
@@ -102,7 +121,7 @@ def test_swe_pruner_layout_loads_into_one_rubric(tiny, tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     model = load_swe_pruner(tmp_path, backbone=directory)
     assert model.config.rubrics == ("semantic",) and model.head.gate is None
-    for key, value in base.state_dict().items():
+    for key in base.state_dict():
         assert torch.equal(model.backbone.model.state_dict()[key], tensors[f"backbone.{key}"]), key
 
     ids = torch.tensor([tokenizer("def f(x):\n    return x + 1\n", add_special_tokens=False)["input_ids"]])

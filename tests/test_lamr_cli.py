@@ -12,7 +12,9 @@ from vkv.backends.lamr.cli import build_corpus_files, prune_file, train_from_fil
 from vkv.errors import VkvError
 
 TOKENIZER = Path.home() / ".cache" / "vkv" / "models" / "smollm2-135m"
-pytestmark = pytest.mark.skipif(not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched")
+pytestmark = pytest.mark.skipif(
+    not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched"
+)
 
 MODULE = '''"""A small module."""
 import os
@@ -51,9 +53,17 @@ def tiny_backbone(tmp_path_factory) -> str:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=2048,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     directory = tmp_path_factory.mktemp("tiny-llama-cli")
     LlamaForCausalLM(config).save_pretrained(directory)
@@ -67,8 +77,17 @@ def corpus(tmp_path_factory) -> tuple[Path, Path]:
     for i in range(12):
         (root / f"module_{i}.py").write_text(MODULE.replace("Reader", f"Reader{i}").replace("count", f"count_{i}"))
     out = root / "corpus.jsonl"
-    summary = build_corpus_files(out, val_out=root / "val.jsonl", sources=[root], records=12, val_records=4,
-                                 val_fraction=0.25, min_lines=6, max_lines=20, per_file=2)
+    summary = build_corpus_files(
+        out,
+        val_out=root / "val.jsonl",
+        sources=[root],
+        records=12,
+        val_records=4,
+        val_fraction=0.25,
+        min_lines=6,
+        max_lines=20,
+        per_file=2,
+    )
     assert summary["train"]["records"] > 0 and summary["val"]["records"] > 0
     assert summary["train"]["source_files"] + summary["val"]["source_files"] == 12
     return out, root / "val.jsonl"
@@ -85,8 +104,19 @@ def test_build_corpus_writes_swe_pruner_records(corpus):
 def test_train_then_prune_a_file(tiny_backbone, corpus, tmp_path):
     train, val = corpus
     out = tmp_path / "ckpt"
-    summary = train_from_files(train, tiny_backbone, out, val_data=val, epochs=1, batch_size=4, lr=1e-3,
-                               trainable_top_layers=1, max_length=512, log=lambda _: None, show_progress=False)
+    summary = train_from_files(
+        train,
+        tiny_backbone,
+        out,
+        val_data=val,
+        epochs=1,
+        batch_size=4,
+        lr=1e-3,
+        trainable_top_layers=1,
+        max_length=512,
+        log=lambda _: None,
+        show_progress=False,
+    )
     assert summary.steps >= 1 and summary.history
     _, manifest = read_manifest(out)
     assert manifest["backbone_parameters"] and manifest["training"]["fused_target"] == "denoised"
@@ -101,13 +131,25 @@ def test_train_then_prune_a_file(tiny_backbone, corpus, tmp_path):
     assert budgeted.compressed_tokens <= 60 or budgeted.report["over_budget"]
 
     script = tmp_path / "reader.js"
-    script.write_text('import fs from "fs";\n\nfunction read(p) {\n  if (p) {\n    return fs.readFileSync(p);\n  }\n  return null;\n}\n')
+    script.write_text(
+        'import fs from "fs";\n\nfunction read(p) {\n  if (p) {\n    return fs.readFileSync(p);\n  }\n  return null;\n}\n'
+    )
     js = prune_file(script, checkpoint=out, query="How does read work?", threshold=0.0)
     assert js.report["language"] == "javascript" and js.text
 
-    single = train_from_files(train, tiny_backbone, tmp_path / "single", rubrics=["semantic"], epochs=1,
-                              batch_size=4, trainable_top_layers=0, max_length=512, val_fraction=0.2,
-                              log=lambda _: None, show_progress=False)
+    single = train_from_files(
+        train,
+        tiny_backbone,
+        tmp_path / "single",
+        rubrics=["semantic"],
+        epochs=1,
+        batch_size=4,
+        trainable_top_layers=0,
+        max_length=512,
+        val_fraction=0.2,
+        log=lambda _: None,
+        show_progress=False,
+    )
     assert single.fused_target == "teacher"
 
 

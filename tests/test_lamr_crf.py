@@ -88,7 +88,9 @@ def test_nll_is_differentiable_and_float32_agrees():
     assert emissions.grad is not None and torch.isfinite(emissions.grad).all()
     crf32 = LinearChainCRF(2)
     crf32.load_state_dict({k: v.float() for k, v in crf.state_dict().items()})
-    assert torch.allclose(crf32.nll(emissions.detach().float(), tags, mask), crf.nll(emissions.detach(), tags, mask).float(), atol=1e-4)
+    assert torch.allclose(
+        crf32.nll(emissions.detach().float(), tags, mask), crf.nll(emissions.detach(), tags, mask).float(), atol=1e-4
+    )
 
 
 def test_transition_convention_is_from_to():

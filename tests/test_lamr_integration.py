@@ -16,10 +16,13 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("name, query", [
-    ("shlex.py", "How does `quote` work?"),
-    ("textwrap.py", "What does the function `dedent` return?"),
-])
+@pytest.mark.parametrize(
+    "name, query",
+    [
+        ("shlex.py", "How does `quote` work?"),
+        ("textwrap.py", "What does the function `dedent` return?"),
+    ],
+)
 def test_demo_checkpoint_prunes_real_files_into_parsing_python(name, query):
     from vkv.backends.lamr.cli import prune_file
 

@@ -1,11 +1,11 @@
 """Rubric labels: semantic = kept × score; dependency along AST edges with decay; denoised = union."""
 
+import pytest
+
 from vkv.backends.lamr.labels import LabelConfig, rubric_labels
 from vkv.backends.lamr.tssource import has_grammar
 
-import pytest
-
-CODE = '''import json
+CODE = """import json
 import os
 import re
 
@@ -35,7 +35,7 @@ class Config:
 
 def main():
     return Config().read("a")
-'''
+"""
 LINES = CODE.splitlines()
 
 
@@ -76,8 +76,12 @@ def test_imports_call_sites_and_denoised_union():
     assert labels.denoised == [max(t, d) for t, d in zip(labels.teacher, labels.dependency)]
     calls = rubric_labels(CODE, list(range(line("def load(path):"), line("return json.load") + 1)), 1.0)
     assert "data = load(path)" in dependency_lines(calls)  # a call site of the kept function
-    no_calls = rubric_labels(CODE, list(range(line("def load(path):"), line("return json.load") + 1)), 1.0,
-                             config=LabelConfig(call_sites=False))
+    no_calls = rubric_labels(
+        CODE,
+        list(range(line("def load(path):"), line("return json.load") + 1)),
+        1.0,
+        config=LabelConfig(call_sites=False),
+    )
     assert "data = load(path)" not in dependency_lines(no_calls)
 
 

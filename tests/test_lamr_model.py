@@ -1,8 +1,8 @@
 """LaMR on a tiny random Llama backbone with the real SmolLM2 tokenizer: layers, gate, training, pruning."""
 
+import ast
 from pathlib import Path
 
-import ast
 import pytest
 import torch
 
@@ -10,10 +10,12 @@ from vkv.backends.lamr import LaMR, LaMRConfig, Record, TrainConfig, build_model
 from vkv.backends.lamr.dataset import encode
 from vkv.backends.lamr.evaluate import evaluate
 from vkv.backends.lamr.model import gate_balance_loss, normalise_depths
-from vkv.backends.lamr.train import loss_terms, make_batch, forward
+from vkv.backends.lamr.train import forward, loss_terms, make_batch
 
 TOKENIZER = Path.home() / ".cache" / "vkv" / "models" / "smollm2-135m"
-pytestmark = pytest.mark.skipif(not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched")
+pytestmark = pytest.mark.skipif(
+    not (TOKENIZER / "tokenizer.json").is_file(), reason="smollm2-135m tokenizer not fetched"
+)
 
 CODE = '''import os
 import sys
@@ -46,8 +48,14 @@ def tiny_backbone(tmp_path_factory) -> str:
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER)
     config = LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=len(tokenizer),
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(0)
@@ -122,8 +130,14 @@ def test_train_step_checkpoint_and_prune(tiny_backbone, tmp_path):
     train_set = encode(model.tokenizer, records(), config)
     assert len(train_set.examples) > len(records())  # long code was chunked with overlap
     before = {k: v.clone() for k, v in model.head.state_dict().items()}
-    summary = fit(model, train_set, train_set, TrainConfig(epochs=2, batch_size=2, lr=1e-3), log=lambda _: None,
-                  show_progress=False)
+    summary = fit(
+        model,
+        train_set,
+        train_set,
+        TrainConfig(epochs=2, batch_size=2, lr=1e-3),
+        log=lambda _: None,
+        show_progress=False,
+    )
     assert summary.steps == 2 * 3 and train_set.cached
     assert "f1" in summary.best_val and summary.history[0]["loss_total"] > 0
     assert any(not torch.equal(before[k], v) for k, v in model.head.state_dict().items())

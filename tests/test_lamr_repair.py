@@ -90,16 +90,20 @@ def test_required_clause_keeps_try_valid():
 
 
 def test_control_flow_companions():
-    result = repair(SOURCE, [line("note = \"short\"")], "python", RepairConfig(imports=False, definitions=False, returns=False))
+    result = repair(
+        SOURCE, [line('note = "short"')], "python", RepairConfig(imports=False, definitions=False, returns=False)
+    )
     assert {"if parsed > TIMEOUT:", "elif parsed:", "else:"} <= kept_text(result)
     assert line("else:") in result.added["control_flow"]
     ast.parse(result.text)
-    without = repair(SOURCE, [line("note = \"short\"")], "python", NONE)
+    without = repair(SOURCE, [line('note = "short"')], "python", NONE)
     assert "else:" not in kept_text(without)
 
 
 def test_referenced_imports():
-    result = repair(SOURCE, [line("os.sync()")], "python", RepairConfig(control_flow=False, definitions=False, returns=False))
+    result = repair(
+        SOURCE, [line("os.sync()")], "python", RepairConfig(control_flow=False, definitions=False, returns=False)
+    )
     assert "import os" in kept_text(result) and "import sys" not in kept_text(result)
     assert result.added["imports"] == [line("import os")]
     assert "import os" not in kept_text(repair(SOURCE, [line("os.sync()")], "python", NONE))
@@ -125,7 +129,7 @@ def test_placeholders_and_emptied_blocks():
     result = repair(SOURCE, [line("class Store:")], "python", NONE)
     assert result.fillers == {line("class Store:"): "    "}
     rest = len(LINES) - line("class Store:") - 1
-    assert f'class Store:\n    ...  # ... {rest} lines omitted' in result.text
+    assert f"class Store:\n    ...  # ... {rest} lines omitted" in result.text
     assert result.text.startswith("# ... 11 lines omitted\n")
     ast.parse(result.text)
     nothing = repair(SOURCE, [], "python")

@@ -53,7 +53,7 @@ if __name__ == "__main__":
     print(fetch("x"))
 '''
 
-JAVASCRIPT = '''\
+JAVASCRIPT = """\
 import { readFile } from "fs/promises";
 
 /**
@@ -94,9 +94,9 @@ const double = (x) => {
 };
 
 module.exports = { parseConfig, Cache, double };
-'''
+"""
 
-GO = '''\
+GO = """\
 package store
 
 import (
@@ -132,9 +132,9 @@ func describe(v interface{}) string {
 \t\treturn "other"
 \t}
 }
-'''
+"""
 
-TYPESCRIPT = '''\
+TYPESCRIPT = """\
 interface Shape {
   area(): number;
   name: string;
@@ -157,9 +157,9 @@ export function total(shapes: Shape[]): number {
   }
   return sum;
 }
-'''
+"""
 
-JAVA = '''\
+JAVA = """\
 package demo;
 
 import java.util.List;
@@ -182,9 +182,9 @@ public class Counter {
         return count;
     }
 }
-'''
+"""
 
-RUST = '''\
+RUST = """\
 use std::collections::HashMap;
 
 /// A store.
@@ -206,9 +206,9 @@ impl Store {
         n
     }
 }
-'''
+"""
 
-C = '''\
+C = """\
 #include <stdio.h>
 
 struct point {
@@ -229,9 +229,9 @@ int main(void) {
     printf("%d\\n", sum(v, 3));
     return 0;
 }
-'''
+"""
 
-CPP = '''\
+CPP = """\
 #include <vector>
 
 namespace geo {
@@ -254,7 +254,7 @@ int area(int w, int h) {
   return w * h;
 }
 }  // namespace geo
-'''
+"""
 
 SAMPLES = {
     "python": PYTHON,

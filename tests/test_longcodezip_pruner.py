@@ -14,13 +14,13 @@ from argparse import Namespace
 import pytest
 import torch
 
-from vkv import zoo
 from vkv.backends.longcodezip import LongCodeZip, LongCodeZipSettings, read_source
 from vkv.backends.longcodezip.cli import run_prune
 from vkv.backends.longcodezip.languages import parser_for
 from vkv.backends.longcodezip.tokens import count_tokens
 from vkv.errors import VkvError
-from vkv.model import FrozenLM
+from vkv.lm import zoo
+from vkv.lm.frozen import FrozenLM
 
 JAVASCRIPT = """\
 'use strict';

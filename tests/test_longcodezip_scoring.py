@@ -16,7 +16,7 @@ from vkv.backends.longcodezip.scoring import (
 )
 from vkv.backends.longcodezip.tokens import count_tokens, encode, tokenize_lines
 from vkv.errors import VkvError
-from vkv.model import FrozenLM
+from vkv.lm.frozen import FrozenLM
 
 FUNCTION = '''\
 def merge(left, right):

@@ -3,15 +3,18 @@
 import subprocess
 import sys
 
+from tests.conftest import ROOT
 from vkv.evals.validate import check_static
-from vkv.transcript import load_transcript
-
-from .conftest import ROOT
+from vkv.text.transcript import load_transcript
 
 
 def generate(out):
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "make_transcripts.py"), "--out", str(out), "--seed", "0"],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "make_transcripts.py"), "--out", str(out), "--seed", "0"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("*/*.json"))}
 
 

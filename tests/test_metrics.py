@@ -3,22 +3,25 @@ import pytest
 from vkv.evals.metrics import contains_keyword, keyword_correct, kl_full_to_method, retention
 
 
-@pytest.mark.parametrize("text,keyword,expected", [
-    ("It uses bcryptjs for hashing.", "bcryptjs", True),
-    ("It uses bcryptjs for hashing.", "bcrypt", False),  # reject bcrypt must not fire on bcryptjs
-    ("It uses bcrypt for hashing.", "bcryptjs", False),  # accept bcryptjs must not match bcrypt
-    ("It uses BCRYPT.", "bcrypt", True),  # case-insensitive, sentence punctuation is not part of the token
-    ("the secret is dev-secret", "secret", True),  # 'the secret' is a whole token
-    ("JWT_SECRET defaults to dev-secret.", "secret", False),  # inside dev-secret and JWT_SECRET
-    ("JWT_SECRET defaults to dev-secret.", "dev-secret", True),
-    ("run with node:test", "node:test", True),
-    ("run with node:test", "test", False),  # glued by ':' to node
-    ("run with node:test", "node", False),
-    ("status 'done'", "done", True),
-    ("status done/failed", "done", False),
-    ("(bcryptjs)", "bcryptjs", True),
-    ("uses bcrypt.js", "bcrypt", False),
-])
+@pytest.mark.parametrize(
+    "text,keyword,expected",
+    [
+        ("It uses bcryptjs for hashing.", "bcryptjs", True),
+        ("It uses bcryptjs for hashing.", "bcrypt", False),  # reject bcrypt must not fire on bcryptjs
+        ("It uses bcrypt for hashing.", "bcryptjs", False),  # accept bcryptjs must not match bcrypt
+        ("It uses BCRYPT.", "bcrypt", True),  # case-insensitive, sentence punctuation is not part of the token
+        ("the secret is dev-secret", "secret", True),  # 'the secret' is a whole token
+        ("JWT_SECRET defaults to dev-secret.", "secret", False),  # inside dev-secret and JWT_SECRET
+        ("JWT_SECRET defaults to dev-secret.", "dev-secret", True),
+        ("run with node:test", "node:test", True),
+        ("run with node:test", "test", False),  # glued by ':' to node
+        ("run with node:test", "node", False),
+        ("status 'done'", "done", True),
+        ("status done/failed", "done", False),
+        ("(bcryptjs)", "bcryptjs", True),
+        ("uses bcrypt.js", "bcrypt", False),
+    ],
+)
 def test_whole_token_matching(text, keyword, expected):
     assert contains_keyword(text, keyword) is expected
 
@@ -58,11 +61,16 @@ def test_in_transcripts_a_keyword_may_be_a_whole_path_or_module_segment():
 
 def test_validate_names_the_form_a_keyword_hides_in():
     from vkv.evals.validate import check_static
-    from vkv.transcript import parse_transcript
+    from vkv.text.transcript import parse_transcript
 
-    data = {"id": "t", "messages": [{"role": "system", "content": "Be brief."},
-                                    {"role": "user", "content": "pip install argon2-cffi==23.1.0"}],
-            "questions": [{"id": "q", "question": "Which hasher?", "accept": ["argon2"], "source_turns": [1]}]}
+    data = {
+        "id": "t",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "pip install argon2-cffi==23.1.0"},
+        ],
+        "questions": [{"id": "q", "question": "Which hasher?", "accept": ["argon2"], "source_turns": [1]}],
+    }
     problems = check_static(parse_transcript(data)).problems
     assert len(problems) == 1 and "appears only inside 'argon2-cffi'" in problems[0]
     data["questions"][0]["accept"] = ["argon2", "argon2-cffi"]

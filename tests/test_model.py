@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from vkv.doctor import check
+from tests.conftest import build_tiny
 from vkv.errors import VkvError
-from vkv.model import fingerprint, load_model, resolve_quant
-
-from .conftest import build_tiny
+from vkv.lm.load import load_model, resolve_quant
+from vkv.lm.spec import fingerprint
+from vkv.tools.doctor import check
 
 
 def test_tiny_models_are_frozen_and_described(tiny):

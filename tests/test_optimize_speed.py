@@ -7,18 +7,26 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vkv.bench import (bench_quant, prepare_span, reference_losses, saved_activation_mb, vkv_loss_and_grad,
-                       working_memory)
-from vkv.capture import capture_span
-from vkv.model import KVPrefix
-from vkv.optimize import OptimConfig, optimise, optimise_batch
-from vkv.plan import load_config, plan
-from vkv.pooling import block_weights, num_virtual_tokens, partition
-from vkv.positions import virtual_positions
-from vkv.targets import build_targets
+from vkv.compress.optimise import OptimConfig, optimise, optimise_batch
+from vkv.compress.pooling import block_weights, num_virtual_tokens, partition
+from vkv.compress.positions import virtual_positions
+from vkv.compress.targets import build_targets
+from vkv.kv.prefix import KVPrefix
+from vkv.lm.capture import capture_span
+from vkv.tools.bench import (
+    bench_quant,
+    prepare_span,
+    reference_losses,
+    saved_activation_mb,
+    vkv_loss_and_grad,
+    working_memory,
+)
+from vkv.tools.memory import load_config, plan
 
-TEXT = ("The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
-        "The default JWT secret is dev-secret and finished tasks have the status done. Deploys go out on Fridays.")
+TEXT = (
+    "The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
+    "The default JWT secret is dev-secret and finished tasks have the status done. Deploys go out on Fridays."
+)
 
 
 def make_problem(lm, start, end, ratio=3.0, kind="v", text=TEXT):
@@ -51,20 +59,21 @@ def test_fast_path_has_the_full_forwards_loss_and_gradients(tiny, kind):
 def test_padded_batch_forward_equals_each_row(tiny_llama):
     lm = tiny_llama
     problems = [make_problem(lm, 5, 20), make_problem(lm, 12, 33, ratio=2.0), make_problem(lm, 0, 9)]
-    from vkv.optimize import _Batch
+    from vkv.compress.optimise import _Batch
 
     batch = _Batch.build(lm, problems)
     assert batch.token_mask is not None and batch.prefix.valid is not None
     n = max(batch.sizes)
-    x = torch.stack([torch.cat([t.pooled_embeddings, torch.zeros(n - t.k, t.pooled_embeddings.shape[1])])
-                     for _, t, _ in problems])
+    x = torch.stack(
+        [torch.cat([t.pooled_embeddings, torch.zeros(n - t.k, t.pooled_embeddings.shape[1])]) for _, t, _ in problems]
+    )
     for fast in (True, False):
         keys, values = lm.forward_kv(x, batch.positions, batch.prefix, token_mask=batch.token_mask, fast=fast)
         for b, (prefix, targets, positions) in enumerate(problems):
             k1, v1 = lm.forward_kv(targets.pooled_embeddings[None], positions, prefix, fast=True)
             for layer in range(lm.spec.num_layers):
-                torch.testing.assert_close(keys[layer][b:b + 1, :, : targets.k], k1[layer], atol=1e-5, rtol=1e-5)
-                torch.testing.assert_close(values[layer][b:b + 1, :, : targets.k], v1[layer], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(keys[layer][b : b + 1, :, : targets.k], k1[layer], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(values[layer][b : b + 1, :, : targets.k], v1[layer], atol=1e-5, rtol=1e-5)
 
 
 def test_batched_optimisation_equals_one_at_a_time(tiny_llama):
@@ -73,9 +82,12 @@ def test_batched_optimisation_equals_one_at_a_time(tiny_llama):
     config = OptimConfig(steps=10, lr=1e-2, precision="fp32")
     alone = [optimise(lm, *p, config) for p in problems]
     # a target loss that exactly one problem reaches mid-run, so the batch shrinks while the others go on
-    first, target = next((p, a.trace[s]) for s in range(2, 9) for p, a in enumerate(alone)
-                         if a.trace[s] < min(a.trace[:s])
-                         and all(a.trace[s] < min(o.trace) for q, o in enumerate(alone) if q != p))
+    first, target = next(
+        (p, a.trace[s])
+        for s in range(2, 9)
+        for p, a in enumerate(alone)
+        if a.trace[s] < min(a.trace[:s]) and all(a.trace[s] < min(o.trace) for q, o in enumerate(alone) if q != p)
+    )
     early = replace(config, target_loss=target)
     alone = [optimise(lm, *p, early) for p in problems]
     together = optimise_batch(lm, problems, early)
@@ -90,12 +102,14 @@ def test_batched_optimisation_equals_one_at_a_time(tiny_llama):
 
 def test_optimiser_matches_torch_adam_on_the_reference_loop(tiny_llama):
     """Same settings → the same trajectory as torch.optim.Adam on the straightforward loss."""
-    from vkv.bench import reference_optimise
+    from vkv.tools.bench import reference_optimise
 
     lm = tiny_llama
     prefix, targets, positions = make_problem(lm, 6, 30)
     ref_losses = []
-    reference_optimise(lm, prefix, targets, positions, steps=6, lr=2e-2, on_step=lambda s, l: ref_losses.append(l))
+    reference_optimise(
+        lm, prefix, targets, positions, steps=6, lr=2e-2, on_step=lambda _step, loss: ref_losses.append(loss)
+    )
     config = OptimConfig(steps=6, lr=2e-2, patience=100, precision="fp32", init="pooled", betas=(0.9, 0.999))
     result = optimise(lm, prefix, targets, positions, config)
     torch.testing.assert_close(torch.tensor(result.trace), torch.tensor(ref_losses), atol=1e-5, rtol=1e-4)
@@ -137,14 +151,17 @@ def test_bf16_autocast_keeps_fp32_embeddings_and_optimises(tiny_llama):
 def test_plan_weights_and_activations_match_the_tiny_model(tiny_llama):
     lm = tiny_llama
     prefix, targets, positions = make_problem(lm, 10, 34)
-    estimate = plan(lm.model.config, quant="fp32", window=34, span=24, ratio=24 / targets.k, device="cpu",
-                    precision="fp32")
+    estimate = plan(
+        lm.model.config, quant="fp32", window=34, span=24, ratio=24 / targets.k, device="cpu", precision="fp32"
+    )
     params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     assert abs(estimate.weights - params) / params < 0.01
     x = targets.pooled_embeddings
-    measured = saved_activation_mb(lm, lambda: vkv_loss_and_grad(lm, prefix, targets, positions, x,
-                                                                 OptimConfig(precision="fp32")),
-                                   prefix.keys + prefix.values)
+    measured = saved_activation_mb(
+        lm,
+        lambda: vkv_loss_and_grad(lm, prefix, targets, positions, x, OptimConfig(precision="fp32")),
+        prefix.keys + prefix.values,
+    )
     assert 0.8 < (estimate.activations / 2**20) / measured < 1.25, (estimate.activations / 2**20, measured)
 
 
@@ -197,13 +214,23 @@ def test_plan_estimate_is_within_a_factor_of_measured_memory(quant, smol, smol8,
     lm = smol if quant == "fp32" else smol8
     span = prepare_span(lm, mini_transcript_path, "turns:3-7", 3.2)
     n = span.targets.k
-    estimate = plan(lm.model.config, quant=quant, window=span.end, span=span.end - span.start,
-                    ratio=(span.end - span.start) / n, device="cpu", precision="fp32")
+    estimate = plan(
+        lm.model.config,
+        quant=quant,
+        window=span.end,
+        span=span.end - span.start,
+        ratio=(span.end - span.start) / n,
+        device="cpu",
+        precision="fp32",
+    )
     params = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     assert abs(estimate.weights - params) / params < 0.05, (estimate.weights, params)
     x = span.targets.pooled_embeddings
-    saved = saved_activation_mb(lm, lambda: vkv_loss_and_grad(lm, *span.problem, x, OptimConfig(precision="fp32")),
-                                span.prefix.keys + span.prefix.values)
+    saved = saved_activation_mb(
+        lm,
+        lambda: vkv_loss_and_grad(lm, *span.problem, x, OptimConfig(precision="fp32")),
+        span.prefix.keys + span.prefix.values,
+    )
     if quant == "fp32":  # bitsandbytes keeps each int8 layer's input outside autograd's saved tensors
         assert 0.85 < (estimate.activations / 2**20) / saved < 1.15, (estimate.activations / 2**20, saved)
     if quant == "8bit":

@@ -1,9 +1,17 @@
 import pytest
 import torch
 
+from vkv.compress.pooling import (
+    block_mass,
+    block_weights,
+    num_virtual_tokens,
+    partition,
+    partition_by_mass,
+    pool,
+    surprisal_scores,
+)
+from vkv.compress.positions import virtual_positions
 from vkv.errors import VkvError
-from vkv.pooling import block_mass, block_weights, num_virtual_tokens, partition, partition_by_mass, pool, surprisal_scores
-from vkv.positions import virtual_positions
 
 
 def test_num_virtual_tokens_rounds_and_refuses_bad_ratios():
@@ -78,7 +86,8 @@ def test_block_centres_scheme_follows_the_blocks():
     assert torch.equal(virtual_positions("centres", 100, 112, 6, centres), centres)
     equal = partition(512, 160)
     gap = virtual_positions("centres", 0, 512, 160, equal.centres(torch.arange(512))) - virtual_positions(
-        "interpolate", 0, 512, 160)
+        "interpolate", 0, 512, 160
+    )
     assert gap.abs().max() <= 1.6  # half a block at most, for equal blocks
     with pytest.raises(VkvError, match="needs the blocks"):
         virtual_positions("centres", 0, 12, 6)

@@ -2,15 +2,16 @@
 
 import torch
 
-from vkv.cache import Segment, SplicedCache, load_cache, save_cache, verbatim_segment
-from vkv.capture import capture_span
-from vkv.compress import CompressConfig, compress
-from vkv.decode import Context
-from vkv.model import KVPrefix
-from vkv.optimize import OptimConfig
-from vkv.transcript import load_transcript, render
-
-from .conftest import FIXTURES
+from tests.conftest import FIXTURES
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.single import CompressConfig, compress
+from vkv.kv.context import Context
+from vkv.kv.file import load_cache, save_cache
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment, verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.capture import capture_span
+from vkv.text.transcript import load_transcript, render
 
 
 def _rendered(lm):
@@ -33,12 +34,23 @@ def test_mass_of_one_changes_nothing_and_duplicated_entries_equal_mass_two(tiny_
     seg = verbatim_segment(prefix, 0, 30)
     twice = SplicedCache()
     doubled = torch.cat([torch.arange(30), torch.tensor([29])])
-    twice.append(Segment("verbatim", (0, 30), seg.keys[:, :, doubled], seg.values[:, :, doubled], seg.positions[doubled]))
+    twice.append(
+        Segment("verbatim", (0, 30), seg.keys[:, :, doubled], seg.values[:, :, doubled], seg.positions[doubled])
+    )
     weighted = SplicedCache()
-    weighted.append(Segment("verbatim", (0, 30), seg.keys, seg.values, seg.positions,
-                            mass=torch.cat([torch.ones(29), torch.tensor([2.0])])))
-    torch.testing.assert_close(Context(tiny_llama, twice).feed(probe), Context(tiny_llama, weighted).feed(probe),
-                               atol=1e-5, rtol=1e-4)
+    weighted.append(
+        Segment(
+            "verbatim",
+            (0, 30),
+            seg.keys,
+            seg.values,
+            seg.positions,
+            mass=torch.cat([torch.ones(29), torch.tensor([2.0])]),
+        )
+    )
+    torch.testing.assert_close(
+        Context(tiny_llama, twice).feed(probe), Context(tiny_llama, weighted).feed(probe), atol=1e-5, rtol=1e-4
+    )
 
 
 def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, tmp_path):
@@ -47,12 +59,19 @@ def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, 
     config = CompressConfig(ratio=3.0, proportional_attention=True, optim=OptimConfig(steps=1))
     spliced = compress(tiny_llama, rendered.ids, start, end, config)
     virtual = spliced.segments[1]
-    assert virtual.mass is not None and int(virtual.mass.sum()) == end - start and virtual.mass.numel() == virtual.entries
+    assert (
+        virtual.mass is not None and int(virtual.mass.sum()) == end - start and virtual.mass.numel() == virtual.entries
+    )
     spliced.meta.update({"fingerprint": tiny_llama.fingerprint, "spec": tiny_llama.spec.to_dict()})
     save_cache(spliced, tmp_path / "c.safetensors")
     loaded = load_cache(tmp_path / "c.safetensors")
     torch.testing.assert_close(loaded.attention_bias(), spliced.attention_bias())
     assert spliced.attention_bias()[:start].abs().max() == 0
-    off = compress(tiny_llama, rendered.ids, start, end,
-                   CompressConfig(ratio=3.0, proportional_attention=False, optim=OptimConfig(steps=1)))
+    off = compress(
+        tiny_llama,
+        rendered.ids,
+        start,
+        end,
+        CompressConfig(ratio=3.0, proportional_attention=False, optim=OptimConfig(steps=1)),
+    )
     assert off.segments[1].mass is None and off.attention_bias() is None

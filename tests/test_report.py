@@ -8,37 +8,79 @@ import json
 import pytest
 
 from vkv.errors import VkvError
-from vkv.report import add_report_args, breakdown, load, paired, per_question, rows, run_report
+from vkv.sweep.report import add_report_args, breakdown, load, paired, per_question, rows, run_report
 
 
 def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
-    run = {"model": "smollm2-135m", "quant": "fp32", "transcript": "t.json", "method": method, "ratio": ratio,
-           "seed": seed}
+    run = {
+        "model": "smollm2-135m",
+        "quant": "fp32",
+        "transcript": "t.json",
+        "method": method,
+        "ratio": ratio,
+        "seed": seed,
+    }
     config = {"pooling": pooling, "optim": {"steps": 3, "seed": seed}} if pooling else {}
     entries = {"full": span, "none": 0}.get(method, round(span / ratio) if ratio else span)
-    questions = [{"id": f"q{i}", "keyword_correct": c, "choice_correct": c, "retention": 1.0 if c else 0.2,
-                  "fidelity_kl": 0.0 if c else 0.5, "weak": False, "distance_tokens": 300 * i,
-                  "kind": ("decision", "change")[i % 2]} for i, c in enumerate(correct)]
-    result = {"transcript": "t@turns1-3", "split": "test", "method": method, "ratio_requested": ratio,
-              "ratio_achieved": round(span / entries, 4) if entries else None, "span_tokens": span,
-              "compressed_entries": entries, "seconds": 2.0, "questions": questions, "loss_trace": list(trace),
-              "optimisation": {"best_loss": min(trace)} if trace else {}}
-    return {"run_id": run_id, "sweep": "unit", "run": run, "identity": {"quant": "fp32", "config": config, "eval": {"max_new_tokens": 4}}, "git": {"revision": "abc"},
-            "seed": seed, "wall_seconds": 3.0, "peak_memory_mb": 900.0, "device": "cpu", "result": result}
+    questions = [
+        {
+            "id": f"q{i}",
+            "keyword_correct": c,
+            "choice_correct": c,
+            "retention": 1.0 if c else 0.2,
+            "fidelity_kl": 0.0 if c else 0.5,
+            "weak": False,
+            "distance_tokens": 300 * i,
+            "kind": ("decision", "change")[i % 2],
+        }
+        for i, c in enumerate(correct)
+    ]
+    result = {
+        "transcript": "t@turns1-3",
+        "split": "test",
+        "method": method,
+        "ratio_requested": ratio,
+        "ratio_achieved": round(span / entries, 4) if entries else None,
+        "span_tokens": span,
+        "compressed_entries": entries,
+        "seconds": 2.0,
+        "questions": questions,
+        "loss_trace": list(trace),
+        "optimisation": {"best_loss": min(trace)} if trace else {},
+    }
+    return {
+        "run_id": run_id,
+        "sweep": "unit",
+        "run": run,
+        "identity": {"quant": "fp32", "config": config, "eval": {"max_new_tokens": 4}},
+        "git": {"revision": "abc"},
+        "seed": seed,
+        "wall_seconds": 3.0,
+        "peak_memory_mb": 900.0,
+        "device": "cpu",
+        "result": result,
+    }
 
 
 @pytest.fixture
 def sweep_dir(tmp_path):
-    lines0 = [line("f", "full", None, [True, True, True]), line("n", "none", None, [False, False, False]),
-              line("v1", "vkv", 2.0, [True, True, False], pooling="uniform", trace=[4, 2, 1]),
-              line("v2", "vkv", 4.0, [True, False, False], pooling="uniform", trace=[5, 3, 2])]
-    lines1 = [line("v3", "vkv", 2.0, [True, True, True], pooling="surprisal", trace=[4, 1, 0.5]),
-              line("v4", "vkv", 4.0, [True, True, False], pooling="surprisal", trace=[5, 2, 1]),
-              line("t1", "truncate", 2.0, [False, True, False]), line("v1", "vkv", 2.0, [False] * 3)]  # duplicate id
+    lines0 = [
+        line("f", "full", None, [True, True, True]),
+        line("n", "none", None, [False, False, False]),
+        line("v1", "vkv", 2.0, [True, True, False], pooling="uniform", trace=[4, 2, 1]),
+        line("v2", "vkv", 4.0, [True, False, False], pooling="uniform", trace=[5, 3, 2]),
+    ]
+    lines1 = [
+        line("v3", "vkv", 2.0, [True, True, True], pooling="surprisal", trace=[4, 1, 0.5]),
+        line("v4", "vkv", 4.0, [True, True, False], pooling="surprisal", trace=[5, 2, 1]),
+        line("t1", "truncate", 2.0, [False, True, False]),
+        line("v1", "vkv", 2.0, [False] * 3),
+    ]  # duplicate id
     (tmp_path / "results.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines0))
     (tmp_path / "results.rank1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines1) + '{"run_id": "x", "re')
-    (tmp_path / "errors.jsonl").write_text(json.dumps({"unit": "t@turns1-3", "method": "vkv", "ratio": 8.0,
-                                                       "error": "VkvError: something"}) + "\n")
+    (tmp_path / "errors.jsonl").write_text(
+        json.dumps({"unit": "t@turns1-3", "method": "vkv", "ratio": 8.0, "error": "VkvError: something"}) + "\n"
+    )
     return tmp_path
 
 
@@ -46,8 +88,15 @@ def test_rows_pool_results_per_variant_and_ratio(sweep_dir):
     results = load(sweep_dir)
     assert len(results.lines) == 7  # shards merged, the duplicate and the partial line ignored
     table = {(r["variant"], r["ratio_requested"]): r for r in rows(results)}
-    assert set(table) == {("full", None), ("none", None), ("truncate", 2.0), ("vkv pooling=uniform", 2.0),
-                          ("vkv pooling=uniform", 4.0), ("vkv pooling=surprisal", 2.0), ("vkv pooling=surprisal", 4.0)}
+    assert set(table) == {
+        ("full", None),
+        ("none", None),
+        ("truncate", 2.0),
+        ("vkv pooling=uniform", 2.0),
+        ("vkv pooling=uniform", 4.0),
+        ("vkv pooling=surprisal", 2.0),
+        ("vkv pooling=surprisal", 4.0),
+    }
     assert table[("vkv pooling=uniform", 2.0)]["keyword_accuracy"] == pytest.approx(2 / 3)
     assert table[("vkv pooling=surprisal", 2.0)]["keyword_accuracy"] == pytest.approx(1.0)
     assert table[("vkv pooling=surprisal", 4.0)]["final_loss"] == pytest.approx(1.0)
@@ -106,7 +155,9 @@ def test_report_vs_prints_and_writes_the_paired_table_and_breakdowns(sweep_dir, 
     assert "paired differences" in printed and "split test" in printed
     md = (sweep_dir / "report" / "report.md").read_text()
     assert "## Paired differences from truncate" in md and "- transcript split: test" in md
-    assert "| vkv pooling=surprisal | 2.0 | truncate | 3 | 1 | +0.533 [+0.533, +0.533] | +0.667 [+0.667, +0.667] |" in md
+    assert (
+        "| vkv pooling=surprisal | 2.0 | truncate | 3 | 1 | +0.533 [+0.533, +0.533] | +0.667 [+0.667, +0.667] |" in md
+    )
     assert "## Retention by distance" in md and "## Retention by question kind" in md
 
 

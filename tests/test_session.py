@@ -6,21 +6,21 @@ import json
 import pytest
 import torch
 
-from vkv.cache import SplicedCache, cache_metadata, read_header, save_cache
-from vkv.compress import CompressConfig, reencode
-from vkv.decode import Context
+from tests.conftest import build_tiny
+from vkv.cli.multiturn import add_multiturn_args, compress_multiturn, method_options
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.sequential import MultiTurnConfig, allocate, message_turns
+from vkv.compress.session import Session
+from vkv.compress.single import CompressConfig, reencode
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.kv.context import Context
+from vkv.kv.file import cache_metadata, read_header, save_cache
+from vkv.kv.report import report_rows, report_totals
+from vkv.kv.segment import SegmentGroup
+from vkv.kv.spliced import SplicedCache
 from vkv.methods import get_method
-from vkv.multiturn import add_multiturn_args, compress_multiturn, method_options
-from vkv.optimize import OptimConfig
-from vkv.compression_report import report_rows, report_totals
-from vkv.segment_group import SegmentGroup
-from vkv.sequential import MultiTurnConfig, allocate, message_turns
-from vkv.session import Session
-from vkv.transcript import load_transcript, render
-
-from .conftest import build_tiny
+from vkv.text.transcript import load_transcript, render
 
 FAST = CompressConfig(optim=OptimConfig(steps=2))
 QUESTION = "Which library hashes the passwords?"
@@ -28,7 +28,7 @@ QUESTION = "Which library hashes the passwords?"
 
 @pytest.fixture(scope="module")
 def transcript():
-    from .conftest import FIXTURES
+    from tests.conftest import FIXTURES
 
     return load_transcript(FIXTURES / "mini-agent.json")
 
@@ -54,10 +54,11 @@ def test_running_cache_equals_a_one_shot_splice_of_the_same_segments(tiny_llama,
     assert [s.kind for s in segments] == ["verbatim"] + ["virtual"] * 3 + ["verbatim"] * 4
     assert [tuple(s.span) for s in segments] == [(t.start, t.end) for t in session.turns]
     one_shot = SplicedCache(list(segments[:4]), segments[3].span[1])
-    one_shot.append(reencode(lm, one_shot, session.ids[segments[4].span[0]:]))  # messages 4-7 in one pass
+    one_shot.append(reencode(lm, one_shot, session.ids[segments[4].span[0] :]))  # messages 4-7 in one pass
     assert one_shot.next_position == session.cache.next_position == len(session.ids)
-    torch.testing.assert_close(question_logits(lm, session, session.cache), question_logits(lm, session, one_shot),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        question_logits(lm, session, session.cache), question_logits(lm, session, one_shot), atol=1e-5, rtol=1e-5
+    )
     for i, segment in enumerate(segments[1:4], start=1):  # each virtual turn was computed on the turns before it
         _, values = lm.forward_kv(segment.embeddings[None], segment.positions, SplicedCache(segments[:i]).kv())
         torch.testing.assert_close(torch.cat(values), segment.values, atol=1e-5, rtol=1e-5)
@@ -69,8 +70,9 @@ def test_session_save_load_round_trips_and_refuses_other_files(tiny_llama, smol_
     restored = Session.load(path, tiny_llama)
     assert restored.ids == session.ids and restored.messages == session.messages
     assert json.dumps(restored.config.to_dict()) == json.dumps(session.config.to_dict())
-    assert torch.equal(question_logits(tiny_llama, session, session.cache),
-                       question_logits(tiny_llama, restored, restored.cache))
+    assert torch.equal(
+        question_logits(tiny_llama, session, session.cache), question_logits(tiny_llama, restored, restored.cache)
+    )
     assert restored.ask(QUESTION, max_new_tokens=4) == session.ask(QUESTION, max_new_tokens=4)
     assert restored.report() == session.report()
     with pytest.raises(VkvError, match="fingerprint"):

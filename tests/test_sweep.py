@@ -13,11 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FIXTURES, ROOT
 from vkv.errors import VkvError
-from vkv.sweep import (ResultsFile, build_method, expand, load_experiment, parse_shard, plan, read_results, results_name,
-                       take_shard)
-
-from .conftest import FIXTURES, ROOT
+from vkv.sweep import (
+    ResultsFile,
+    build_method,
+    expand,
+    load_experiment,
+    parse_shard,
+    plan,
+    read_results,
+    results_name,
+    take_shard,
+)
 
 MINI = str(FIXTURES / "mini-agent.json")
 
@@ -60,25 +68,29 @@ def test_grid_expands_drops_untaken_options_and_keeps_each_point_once(tmp_path):
     assert sorted((p["ratio"], p["seed"]) for p in by_method["truncate"]) == [(2.0, 0), (2.0, 1), (4.0, 0), (4.0, 1)]
     assert len(by_method["vkv"]) == 2 * 2 * 2
     assert {(p["pooling"], p["positions"], p["steps"]) for p in by_method["vkv"]} == {
-        (a, b, 3) for a in ("uniform", "surprisal") for b in ("consecutive", "interpolate")}
+        (a, b, 3) for a in ("uniform", "surprisal") for b in ("consecutive", "interpolate")
+    }
     assert all("snapkv.window" not in p for p in points)  # snapkv is not in this grid's methods
     assert len({json.dumps(p, sort_keys=True) for p in points}) == len(points)
 
 
-@pytest.mark.parametrize("body, message", [
-    ("methods = ['full']\nbogus = 1", "unknown key 'bogus'"),
-    ("method = ['full']", "did you mean methods"),
-    ("methods = ['nope']", "unknown method 'nope'"),
-    ("methods = ['truncate']", "needs a compression ratio"),
-    ("methods = ['truncate']\nratios = [0.5]", "a ratio is a number ≥ 1"),
-    ("methods = ['vkv']\nratios = [2]\nsteps = 'many'", "field steps: expected int"),
-    ("methods = ['snapkv']\nratios = [2]\nsnapkv = { radius = 3 }", "has no option 'radius'"),
-    ("methods = ['full']\nwindow = 512\nspan = 'turns:1-2'", "only one of window"),
-    ("methods = ['full']\nwindow = 0", "field window: expected a positive integer"),
-    ("methods = ['full']\nquant = 'int3'", "unknown quantisation 'int3'"),
-    ("methods = ['vkv']\nratios = []", "field ratios is an empty list"),
-    ("methods = ['full']\nsnapkv = 3", "field snapkv names a method"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("methods = ['full']\nbogus = 1", "unknown key 'bogus'"),
+        ("method = ['full']", "did you mean methods"),
+        ("methods = ['nope']", "unknown method 'nope'"),
+        ("methods = ['truncate']", "needs a compression ratio"),
+        ("methods = ['truncate']\nratios = [0.5]", "a ratio is a number ≥ 1"),
+        ("methods = ['vkv']\nratios = [2]\nsteps = 'many'", "field steps: expected int"),
+        ("methods = ['snapkv']\nratios = [2]\nsnapkv = { radius = 3 }", "has no option 'radius'"),
+        ("methods = ['full']\nwindow = 512\nspan = 'turns:1-2'", "only one of window"),
+        ("methods = ['full']\nwindow = 0", "field window: expected a positive integer"),
+        ("methods = ['full']\nquant = 'int3'", "unknown quantisation 'int3'"),
+        ("methods = ['vkv']\nratios = []", "field ratios is an empty list"),
+        ("methods = ['full']\nsnapkv = 3", "field snapkv names a method"),
+    ],
+)
 def test_bad_configs_fail_with_one_sentence_naming_file_and_field(tmp_path, body, message):
     path = write_toml(tmp_path, f"[defaults]\nmodel = 'smollm2-135m'\ntranscripts = ['MINI']\n[[grid]]\n{body}\n")
     with pytest.raises(VkvError, match=message) as info:
@@ -87,22 +99,29 @@ def test_bad_configs_fail_with_one_sentence_naming_file_and_field(tmp_path, body
 
 
 def test_bad_option_values_are_caught_when_planning(tmp_path):
-    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['vkv']\nratios = 2\n"
-                                "pooling = 'loudest'\n")
+    path = write_toml(
+        tmp_path,
+        "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['vkv']\nratios = 2\npooling = 'loudest'\n",
+    )
     with pytest.raises(VkvError, match=r"exp.toml: field pooling: unknown value 'loudest'"):
         plan(load_experiment(path), "cpu")
 
 
 def test_method_option_tables_become_their_settings_class(tmp_path):
-    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['hybrid', 'sequential']\n"
-                                "ratios = 3.2\nhybrid.verbatim = [{ fraction = 0.1 }, { fraction = 0.2 }]\n"
-                                "sequential.targets = ['oracle', 'online']\n")
+    path = write_toml(
+        tmp_path,
+        "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['hybrid', 'sequential']\n"
+        "ratios = 3.2\nhybrid.verbatim = [{ fraction = 0.1 }, { fraction = 0.2 }]\n"
+        "sequential.targets = ['oracle', 'online']\n",
+    )
     points = expand(load_experiment(path))
     assert len(points) == 4
     hybrid = [build_method(p) for p in points if p["method"] == "hybrid"]
     assert sorted(m.config()["verbatim"]["fraction"] for m in hybrid) == [0.1, 0.2]
     assert sorted(build_method(p).config()["targets"] for p in points if p["method"] == "sequential") == [
-        "online", "oracle"]
+        "online",
+        "oracle",
+    ]
 
 
 def test_missing_transcript_names_the_file_and_field(tmp_path):
@@ -113,8 +132,14 @@ def test_missing_transcript_names_the_file_and_field(tmp_path):
 
 def test_shipped_experiments_load_and_expand():
     files = sorted((ROOT / "experiments").glob("*.toml"))
-    assert {f.stem for f in files} >= {"cpu-quick", "blog-single-turn", "blog-failures", "blog-sequential",
-                                       "blog-hybrid", "backends"}
+    assert {f.stem for f in files} >= {
+        "cpu-quick",
+        "blog-single-turn",
+        "blog-failures",
+        "blog-sequential",
+        "blog-hybrid",
+        "backends",
+    }
     for f in files:
         experiment = load_experiment(f)
         points = expand(experiment)
@@ -204,7 +229,19 @@ steps = 2
 
 
 def sweep_cmd(config: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "vkv.sweep", str(config), "--out", str(out), "--device", "cpu", "--threads", "1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "vkv.sweep",
+        str(config),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        *extra,
+    ]
 
 
 def ids_in(path: Path) -> list[str]:
@@ -218,8 +255,14 @@ def test_sigkill_mid_sweep_then_resume_runs_each_exactly_once(tmp_path, test_mod
     assert len(planned) == 2 + 2 * 2 + 2
     results = out / "results.jsonl"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(sweep_cmd(config, out), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        sweep_cmd(config, out),
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     while len(ids_in(results)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -254,8 +297,16 @@ def test_two_real_shards_write_their_own_files_and_cover_the_grid(tmp_path, test
     config = write_toml(tmp_path, REAL.replace('"knorm"', '"none"').replace('"vkv"', '"full"') + FAILING)
     sharded = tmp_path / "sharded"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen(sweep_cmd(config, sharded, "--shard", f"{i}/2"), cwd=ROOT, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            sweep_cmd(config, sharded, "--shard", f"{i}/2"),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(2)
+    ]
     codes = [p.wait(timeout=900) for p in procs]
     runs = plan(load_experiment(config), "cpu")
     failing = next(r.id for r in runs if r.point["method"] == "sequential")
@@ -272,19 +323,26 @@ def test_transcript_wildcards_expand_to_the_matching_files_sorted(tmp_path):
     (tmp_path / "split").mkdir()
     for name in ("b.json", "a.json", "notes.txt"):
         (tmp_path / "split" / name).write_text("{}")
-    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['split/*.json', 'MINI']\n"
-                                "[[grid]]\nmethods = ['none']\n")
+    path = write_toml(
+        tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['split/*.json', 'MINI']\n[[grid]]\nmethods = ['none']\n"
+    )
     assert load_experiment(path).grids[0]["transcripts"] == ["split/a.json", "split/b.json", MINI]
-    empty = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['nothing/*.json']\n[[grid]]\nmethods = ['none']\n",
-                       name="empty.toml")
+    empty = write_toml(
+        tmp_path,
+        "[defaults]\nmodel = 'm'\ntranscripts = ['nothing/*.json']\n[[grid]]\nmethods = ['none']\n",
+        name="empty.toml",
+    )
     with pytest.raises(VkvError, match=r"field transcripts: 'nothing/\*.json' matches no file"):
         load_experiment(empty)
 
 
 def test_eviction_methods_take_per_turn_as_a_grid_option(tmp_path):
-    path = write_toml(tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\n[[grid]]\n"
-                                "methods = ['knorm', 'snapkv', 'longcodezip']\nratios = [2]\n"
-                                "knorm = { per_turn = true }\nsnapkv = { per_turn = true }\n"
-                                "longcodezip = { per_turn = true }\n")
+    path = write_toml(
+        tmp_path,
+        "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\n[[grid]]\n"
+        "methods = ['knorm', 'snapkv', 'longcodezip']\nratios = [2]\n"
+        "knorm = { per_turn = true }\nsnapkv = { per_turn = true }\n"
+        "longcodezip = { per_turn = true }\n",
+    )
     methods = [build_method(p) for p in expand(load_experiment(path))]
     assert [m.options.get("per_turn") for m in methods] == [True, True, True]

@@ -3,10 +3,9 @@ import json
 
 import pytest
 
+from tests.conftest import FIXTURES, bundled_transcripts
 from vkv.errors import VkvError
-from vkv.transcript import ChatFormat, load_transcript, parse_transcript, render
-
-from .conftest import FIXTURES, bundled_transcripts
+from vkv.text.transcript import ChatFormat, load_transcript, parse_transcript, render
 
 QWEN_STYLE = (FIXTURES / "qwen25_style_chatml.jinja").read_text()
 
@@ -49,7 +48,9 @@ def test_spans_tile_and_prefixes_are_token_prefixes(path, template, smol_tokeniz
     assert len(rendered.spans) == len(transcript.messages)
 
 
-def test_tool_calls_are_detected_and_inlined_only_when_dropped(smol_tokenizer, qwen_style_tokenizer, mini_transcript_path):
+def test_tool_calls_are_detected_and_inlined_only_when_dropped(
+    smol_tokenizer, qwen_style_tokenizer, mini_transcript_path
+):
     transcript = load_transcript(mini_transcript_path)
     smol = render(transcript, smol_tokenizer)
     qwen = render(transcript, qwen_style_tokenizer)
@@ -61,17 +62,28 @@ def test_tool_calls_are_detected_and_inlined_only_when_dropped(smol_tokenizer, q
 
 
 def test_grouped_tool_messages_are_refused_clearly(qwen_style_tokenizer):
-    data = {"id": "t", "messages": [
-        {"role": "user", "content": "run both"},
-        {"role": "assistant", "content": "ok", "tool_calls": [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}]},
-        {"role": "tool", "name": "a", "content": "out a"},
-        {"role": "tool", "name": "b", "content": "out b"}]}
+    data = {
+        "id": "t",
+        "messages": [
+            {"role": "user", "content": "run both"},
+            {
+                "role": "assistant",
+                "content": "ok",
+                "tool_calls": [{"name": "a", "arguments": {}}, {"name": "b", "arguments": {}}],
+            },
+            {"role": "tool", "name": "a", "content": "out a"},
+            {"role": "tool", "name": "b", "content": "out b"},
+        ],
+    }
     with pytest.raises(VkvError, match=r"messages\[3\].*token prefixes"):
         render(parse_transcript(data), qwen_style_tokenizer)
 
 
-GOOD = {"id": "x", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
-        "questions": [{"id": "q", "question": "?", "accept": ["a"], "choices": ["a", "b"], "source_turns": [1]}]}
+GOOD = {
+    "id": "x",
+    "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+    "questions": [{"id": "q", "question": "?", "accept": ["a"], "choices": ["a", "b"], "source_turns": [1]}],
+}
 
 
 def mutate(path, value):
@@ -86,20 +98,23 @@ def mutate(path, value):
     return data
 
 
-@pytest.mark.parametrize("path,value,message", [
-    (("messages", 1, "role"), KeyError, r"messages\[1\]\.role: is missing"),
-    (("messages", 1, "role"), "robot", r"messages\[1\]\.role: unknown role 'robot'"),
-    (("messages", 1, "content"), "  ", r"messages\[1\]\.content: is empty"),
-    (("messages", 1, "content"), 3, r"messages\[1\]\.content: must be a string"),
-    (("messages",), [], r"messages: must be a non-empty list"),
-    (("questions", 0, "accept"), [], r"questions\[0\]\.accept: must not be empty"),
-    (("questions", 0, "question"), KeyError, r"questions\[0\]\.question: is missing"),
-    (("questions", 0, "choices"), ["a"], r"questions\[0\]\.choices: needs at least two"),
-    (("questions", 0, "source_turns"), [2], r"source_turns: turn 2 is out of range"),
-    (("questions", 0, "source_turns"), ["1"], r"source_turns: must be a list of message indices"),
-    (("questions", 0, "reject"), ["A"], r"reject: repeats accepted"),
-    (("messages", 0, "tool_calls"), [{"name": "x"}], r"only assistant messages may call tools"),
-])
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        (("messages", 1, "role"), KeyError, r"messages\[1\]\.role: is missing"),
+        (("messages", 1, "role"), "robot", r"messages\[1\]\.role: unknown role 'robot'"),
+        (("messages", 1, "content"), "  ", r"messages\[1\]\.content: is empty"),
+        (("messages", 1, "content"), 3, r"messages\[1\]\.content: must be a string"),
+        (("messages",), [], r"messages: must be a non-empty list"),
+        (("questions", 0, "accept"), [], r"questions\[0\]\.accept: must not be empty"),
+        (("questions", 0, "question"), KeyError, r"questions\[0\]\.question: is missing"),
+        (("questions", 0, "choices"), ["a"], r"questions\[0\]\.choices: needs at least two"),
+        (("questions", 0, "source_turns"), [2], r"source_turns: turn 2 is out of range"),
+        (("questions", 0, "source_turns"), ["1"], r"source_turns: must be a list of message indices"),
+        (("questions", 0, "reject"), ["A"], r"reject: repeats accepted"),
+        (("messages", 0, "tool_calls"), [{"name": "x"}], r"only assistant messages may call tools"),
+    ],
+)
 def test_bad_transcripts_name_file_and_field(tmp_path, path, value, message):
     f = tmp_path / "bad.json"
     f.write_text(json.dumps(mutate(path, value)))

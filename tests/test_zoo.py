@@ -1,7 +1,7 @@
 import pytest
 
-from vkv import zoo
 from vkv.errors import VkvError
+from vkv.lm import zoo
 
 
 def test_fetch_is_idempotent(test_model_dir, monkeypatch):

@@ -37,7 +37,7 @@ class TextPruner(Protocol):
 
 def token_budget(original_tokens: int, budget: int | None, ratio: float | None) -> int:
     """Resolve exactly one of an absolute token budget or a compression ratio ≥ 1 into a token budget."""
-    from ..errors import VkvError
+    from vkv.errors import VkvError
 
     if (budget is None) == (ratio is None):
         raise VkvError("give exactly one of a token budget or a compression ratio")

@@ -12,8 +12,8 @@ before they get here (a question is one observation, however many seeds ran it).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import Hashable, Mapping
 
 import numpy as np
 
@@ -43,8 +43,9 @@ class Interval:
         return max(self.mean - self.low, self.high - self.mean)
 
 
-def window_bootstrap(values: Mapping[QuestionKey, float], resamples: int = RESAMPLES, level: float = LEVEL,
-                     seed: int = 0) -> Interval | None:
+def window_bootstrap(
+    values: Mapping[QuestionKey, float], resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0
+) -> Interval | None:
     """Mean of `values` over questions, with an interval from resampling windows; None when there are none."""
     by_window: dict[Hashable, list[float]] = defaultdict(list)
     for (window, _), value in values.items():
@@ -63,8 +64,13 @@ def window_bootstrap(values: Mapping[QuestionKey, float], resamples: int = RESAM
     return Interval(mean, min(float(low), mean), max(float(high), mean), int(counts.sum()), len(windows))
 
 
-def paired_difference(method: Mapping[QuestionKey, float], reference: Mapping[QuestionKey, float],
-                      resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> Interval | None:
+def paired_difference(
+    method: Mapping[QuestionKey, float],
+    reference: Mapping[QuestionKey, float],
+    resamples: int = RESAMPLES,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> Interval | None:
     """method − reference on the questions both have, with a window-bootstrap interval; None if none are shared."""
     shared = method.keys() & reference.keys()
     return window_bootstrap({k: method[k] - reference[k] for k in shared}, resamples, level, seed)

@@ -21,9 +21,7 @@ _JOINER_IN_PATHS = r"[:.@]"
 
 @lru_cache(maxsize=1024)
 def _pattern(keyword: str, joiner: str) -> re.Pattern:
-    return re.compile(
-        rf"(?<!{_WORD})(?<!\w{joiner}){re.escape(keyword)}(?!{_WORD})(?!{joiner}\w)", re.IGNORECASE
-    )
+    return re.compile(rf"(?<!{_WORD})(?<!\w{joiner}){re.escape(keyword)}(?!{_WORD})(?!{joiner}\w)", re.IGNORECASE)
 
 
 def contains_keyword(text: str, keyword: str, in_paths: bool = False) -> bool:

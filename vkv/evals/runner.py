@@ -8,24 +8,25 @@ same way: greedy answers (keyword accuracy), log-probabilities of the choices af
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
-from .. import __version__
-from ..cache import Segment, SplicedCache, verbatim_segment
-from ..capture import capture_span
-from ..compress import reencode
-from ..decode import Context
-from ..errors import VkvError
-from dataclasses import replace
-
-from ..methods import Method, SpanWork
-from ..methods.base import TextMethod, TextWork
-from ..model import FrozenLM, KVPrefix
-from ..transcript import Question, Transcript, continuation_ids, followup, render
-from .metrics import keyword_correct, kl_full_to_method, mean, retention
+from vkv import __version__
+from vkv.compress.single import reencode
+from vkv.errors import VkvError
+from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
+from vkv.kv.context import Context
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment, verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.capture import capture_span
+from vkv.lm.frozen import FrozenLM
+from vkv.methods import Method, SpanWork
+from vkv.methods.base import TextMethod
+from vkv.text.transcript import Question, Transcript, continuation_ids, followup, render
 
 
 @dataclass
@@ -57,8 +58,13 @@ class Measurement:
 class TranscriptEval:
     """One transcript prepared for scoring: rendering, span, prompts, shared work and both references."""
 
-    def __init__(self, lm: FrozenLM, transcript: Transcript, turns: tuple[int, int] | None = None,
-                 settings: EvalSettings | None = None):
+    def __init__(
+        self,
+        lm: FrozenLM,
+        transcript: Transcript,
+        turns: tuple[int, int] | None = None,
+        settings: EvalSettings | None = None,
+    ):
         self.lm, self.transcript = lm, transcript
         self.settings = settings or EvalSettings()
         self.turns = turns or transcript.default_span()
@@ -68,9 +74,17 @@ class TranscriptEval:
             raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
         acts, cache = capture_span(lm, self.rendered.ids, self.start, self.end, keep_cache=True)
-        self.work = SpanWork(lm, list(self.rendered.ids), self.start, self.end, KVPrefix.from_cache(cache), acts,
-                             [s.start for s in self.rendered.spans], seed=self.settings.seed,
-                             message_roles=[m.role for m in transcript.messages])
+        self.work = SpanWork(
+            lm,
+            list(self.rendered.ids),
+            self.start,
+            self.end,
+            KVPrefix.from_cache(cache),
+            acts,
+            [s.start for s in self.rendered.spans],
+            seed=self.settings.seed,
+            message_roles=[m.role for m in transcript.messages],
+        )
         self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none = self.measure(self.splice(None))
 
@@ -90,7 +104,7 @@ class TranscriptEval:
             spliced.append(part)
         spliced.next_position = self.end
         if self.end < len(self.rendered.ids):
-            spliced.append(reencode(self.lm, spliced, self.rendered.ids[self.end:]))
+            spliced.append(reencode(self.lm, spliced, self.rendered.ids[self.end :]))
         return spliced
 
     def measure(self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None) -> list[Measurement]:
@@ -99,12 +113,14 @@ class TranscriptEval:
         for pq in questions or self.questions:
             lps = context.continuation_logprobs(pq.prompt, pq.choices)
             answer_ids = context.greedy(pq.prompt, self.settings.max_new_tokens)
-            results.append(Measurement(
-                answer=self.lm.tokenizer.decode(answer_ids, skip_special_tokens=True),
-                choice_logprobs=[float(x.sum()) for x in lps],
-                choice_mean_logprobs=[float(x.mean()) for x in lps],
-                fidelity_logp=context.next_token_logprobs(pq.fidelity_ids),
-            ))
+            results.append(
+                Measurement(
+                    answer=self.lm.tokenizer.decode(answer_ids, skip_special_tokens=True),
+                    choice_logprobs=[float(x.sum()) for x in lps],
+                    choice_mean_logprobs=[float(x.mean()) for x in lps],
+                    fidelity_logp=context.next_token_logprobs(pq.fidelity_ids),
+                )
+            )
         return results
 
     # ---- scoring ---------------------------------------------------------------------------------
@@ -125,17 +141,26 @@ class TranscriptEval:
         spliced = self.splice(segment)
         if measured is None:
             measured = self.measure(spliced)
-        return self.result(method.name, method.config(), method.question_aware, ratio,
-                           spliced.span_entries(self.start, self.end), measured, seconds,
-                           segment.stats if segment is not None else {})
+        return self.result(
+            method.name,
+            method.config(),
+            method.question_aware,
+            ratio,
+            spliced.span_entries(self.start, self.end),
+            measured,
+            seconds,
+            segment.stats if segment is not None else {},
+        )
 
     def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
         """Prune the span's messages as text, re-render the shorter conversation and prefill it verbatim. A
         question-aware method prunes once per question (query = that question) and is scored on it alone."""
         first, last = self.turns
         if method.question_aware:
-            runs = [self._prune_and_measure(method, ratio, [pq.question.question] * (last - first), [pq])
-                    for pq in self.questions]
+            runs = [
+                self._prune_and_measure(method, ratio, [pq.question.question] * (last - first), [pq])
+                for pq in self.questions
+            ]
         else:
             queries = [self.latest_request(upto=turn + 1) for turn in range(first, last)]
             runs = [self._prune_and_measure(method, ratio, queries, self.questions)]
@@ -143,11 +168,13 @@ class TranscriptEval:
         entries = round(mean(run["entries"] for run in runs))
         seconds = sum(run["seconds"] for run in runs)
         stats = {"text_report": [run["report"] for run in runs]}
-        return self.result(method.name, method.config(), method.question_aware, ratio, entries, measured,
-                           seconds, stats)
+        return self.result(
+            method.name, method.config(), method.question_aware, ratio, entries, measured, seconds, stats
+        )
 
-    def _prune_and_measure(self, method: TextMethod, ratio: float, queries: list[str],
-                           questions: list[PreparedQuestion]) -> dict[str, Any]:
+    def _prune_and_measure(
+        self, method: TextMethod, ratio: float, queries: list[str], questions: list[PreparedQuestion]
+    ) -> dict[str, Any]:
         """Prune the span's messages (`queries[i]`: the query known when span message i ends), re-render, measure."""
         first, last = self.turns
         messages = list(self.transcript.messages)
@@ -163,8 +190,12 @@ class TranscriptEval:
         spliced.append(verbatim_segment(cache, 0, len(rendered.ids)))
         prepared = [self._prepare(pq.question, rendered, shorter) for pq in questions]
         report = {"query": queries[-1], "messages": dropped_lines(messages[first:last], contents, first)}
-        return {"measured": self.measure(spliced, prepared), "entries": end - start, "seconds": seconds,
-                "report": report}
+        return {
+            "measured": self.measure(spliced, prepared),
+            "entries": end - start,
+            "seconds": seconds,
+            "report": report,
+        }
 
     def latest_request(self, upto: int | None = None) -> str:
         """The most recent user message before message `upto` (default: the span's end): the question-agnostic
@@ -174,10 +205,20 @@ class TranscriptEval:
 
     def evaluate_cache(self, spliced: SplicedCache, label: str = "cache") -> dict[str, Any]:
         if spliced.next_position != len(self.rendered.ids):
-            raise VkvError(f"cache stands for {spliced.next_position} tokens but the transcript renders to "
-                           f"{len(self.rendered.ids)}; was it built from this transcript with the default span?")
-        return self.result(label, spliced.meta.get("config", {}), False, None,
-                           spliced.span_entries(self.start, self.end), self.measure(spliced), 0.0, {})
+            raise VkvError(
+                f"cache stands for {spliced.next_position} tokens but the transcript renders to "
+                f"{len(self.rendered.ids)}; was it built from this transcript with the default span?"
+            )
+        return self.result(
+            label,
+            spliced.meta.get("config", {}),
+            False,
+            None,
+            spliced.span_entries(self.start, self.end),
+            self.measure(spliced),
+            0.0,
+            {},
+        )
 
     def result(self, name, config, question_aware, ratio, entries, measured, seconds, stats) -> dict[str, Any]:
         span_tokens = self.end - self.start
@@ -257,8 +298,15 @@ def dropped_lines(messages: list, contents: list[str], first: int) -> list[dict[
         before, after = message.content.splitlines(), content.splitlines()
         matcher = difflib.SequenceMatcher(a=before, b=after, autojunk=False)
         kept = {i for block in matcher.get_matching_blocks() for i in range(block.a, block.a + block.size)}
-        report.append({"message": index, "role": message.role, "lines": len(before), "lines_kept": len(kept),
-                       "dropped": [line for i, line in enumerate(before) if i not in kept]})
+        report.append(
+            {
+                "message": index,
+                "role": message.role,
+                "lines": len(before),
+                "lines_kept": len(kept),
+                "dropped": [line for i, line in enumerate(before) if i not in kept],
+            }
+        )
     return report
 
 

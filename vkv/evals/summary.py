@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from .metrics import mean
+from vkv.evals.metrics import mean
 
 
 def base_transcript(result: dict[str, Any]) -> str:
@@ -24,14 +25,20 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
         usable = [q for q in questions if not q["weak"]]
         span = sum(r["span_tokens"] for r in rs)
         entries = sum(r["compressed_entries"] for r in rs)
-        rows.append({
-            "transcript": transcript, "method": method, "ratio_requested": ratio,
-            "ratio_achieved": round(span / entries, 3) if entries else None,
-            "windows": len(rs), "questions": len(questions), "weak": len(questions) - len(usable),
-            "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
-            "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
-            "mean_retention": mean(q["retention"] for q in usable),
-            "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
-            "seconds": round(sum(r["seconds"] for r in rs), 2),
-        })
+        rows.append(
+            {
+                "transcript": transcript,
+                "method": method,
+                "ratio_requested": ratio,
+                "ratio_achieved": round(span / entries, 3) if entries else None,
+                "windows": len(rs),
+                "questions": len(questions),
+                "weak": len(questions) - len(usable),
+                "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
+                "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
+                "mean_retention": mean(q["retention"] for q in usable),
+                "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
+                "seconds": round(sum(r["seconds"] for r in rs), 2),
+            }
+        )
     return rows

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from ..transcript import Transcript
-from .metrics import contains_keyword, containing_forms, keyword_correct
+from vkv.evals.metrics import containing_forms, contains_keyword, keyword_correct
+from vkv.text.transcript import Transcript
 
 
 @dataclass
@@ -31,8 +31,10 @@ def check_static(transcript: Transcript) -> Findings:
         for keyword in q.accept:
             for i, m in outside:
                 if contains_keyword(message_text(m), keyword, in_paths=True):
-                    found.problems.append(f"{at}: accepted keyword '{keyword}' leaks into messages[{i}] ({m.role}), "
-                                          "which is not compressed")
+                    found.problems.append(
+                        f"{at}: accepted keyword '{keyword}' leaks into messages[{i}] ({m.role}), "
+                        "which is not compressed"
+                    )
             if contains_keyword(q.question, keyword) or contains_keyword(q.answer_prefix, keyword):
                 found.problems.append(f"{at}: the question or answer prefix already contains '{keyword}'")
         if q.choices and not keyword_correct(q.choices[0], q.accept, q.reject):
@@ -44,11 +46,26 @@ def check_static(transcript: Transcript) -> Findings:
             found.warnings.append(f"{at}: no source_turns, so windowed evaluation cannot place it")
         elif not any(first <= t < end for t in q.source_turns):
             found.problems.append(f"{at}: source_turns {list(q.source_turns)} are all outside the compressed span")
-        elif not any(contains_keyword(message_text(transcript.messages[t]), k, in_paths=True)
-                     for t in q.source_turns for k in q.accept):
-            forms = sorted({f for t in q.source_turns for k in q.accept
-                            for f in containing_forms(message_text(transcript.messages[t]), k)})
-            hint = (f" (it appears only inside {', '.join(repr(f) for f in forms[:4])}: add the form that states the "
-                    "answer to accept)") if forms else ""
+        elif not any(
+            contains_keyword(message_text(transcript.messages[t]), k, in_paths=True)
+            for t in q.source_turns
+            for k in q.accept
+        ):
+            forms = sorted(
+                {
+                    f
+                    for t in q.source_turns
+                    for k in q.accept
+                    for f in containing_forms(message_text(transcript.messages[t]), k)
+                }
+            )
+            hint = (
+                (
+                    f" (it appears only inside {', '.join(repr(f) for f in forms[:4])}: add the form that states the "
+                    "answer to accept)"
+                )
+                if forms
+                else ""
+            )
             found.problems.append(f"{at}: no source turn states an accepted keyword{hint}")
     return found

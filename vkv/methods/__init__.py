@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
-from ..errors import VkvError
-from .base import Method, SpanWork
-from .full import Full
-from .hybrid import Hybrid
-from .knorm import KeyNorm
-from .lamr import LaMRMethod
-from .longcodezip import LongCodeZipMethod
-from .none import NoContext
-from .sequential import Sequential
-from .snapkv import SnapKV
-from .streaming import Streaming
-from .truncate import Truncate
-from .virtual import MeanPool, VirtualTokens
+from vkv.errors import VkvError
+from vkv.methods.base import Method, SpanWork
+from vkv.methods.full import Full
+from vkv.methods.hybrid import Hybrid
+from vkv.methods.knorm import KeyNorm
+from vkv.methods.lamr import LaMRMethod
+from vkv.methods.longcodezip import LongCodeZipMethod
+from vkv.methods.none import NoContext
+from vkv.methods.sequential import Sequential
+from vkv.methods.snapkv import SnapKV
+from vkv.methods.streaming import Streaming
+from vkv.methods.truncate import Truncate
+from vkv.methods.virtual import MeanPool, VirtualTokens
 
 METHODS: dict[str, type[Method]] = {
-    cls.name: cls for cls in (
-        Full, NoContext, Truncate, MeanPool, VirtualTokens, Streaming, SnapKV, KeyNorm, LongCodeZipMethod,
+    cls.name: cls
+    for cls in (
+        Full,
+        NoContext,
+        Truncate,
+        MeanPool,
+        VirtualTokens,
+        Streaming,
+        SnapKV,
+        KeyNorm,
+        LongCodeZipMethod,
     )
 }
 METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)

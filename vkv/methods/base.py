@@ -6,15 +6,16 @@ A method sees the rendered conversation and the span to compress, never the eval
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 
-from ..cache import Segment
-from ..capture import Activations
-from ..model import FrozenLM, KVPrefix
-from ..pooling import num_virtual_tokens
+from vkv.compress.pooling import num_virtual_tokens
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment
+from vkv.lm.capture import Activations
+from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
@@ -52,7 +53,7 @@ class SpanWork:
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
         """Attention `[layers, kv_heads, key_len]` from the tokens in query_range to those in key_range (absolute
         positions inside the span), as the model computes it for this work's context."""
-        from ..attention import attention_to_span
+        from vkv.lm.attention import attention_to_span
 
         return attention_to_span(self.lm, self.ids[: self.end], key_range, query_range)
 

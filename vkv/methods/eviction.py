@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ..cache import Segment, SplicedCache, verbatim_segment
-from ..model import KVPrefix
-from ..segment_group import SegmentGroup
-from .base import Method, SpanWork
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.methods.base import Method, SpanWork
 
 
 class EvictionMethod(Method):
@@ -31,7 +31,7 @@ class EvictionMethod(Method):
         return work.keep(self.select(work, work.budget(ratio)))
 
     def compress_per_turn(self, work: SpanWork, ratio: float) -> SegmentGroup:
-        from ..sequential import allocate, message_turns, turn_stats, view_on_cache
+        from vkv.compress.sequential import allocate, message_turns, turn_stats, view_on_cache
 
         cache = SplicedCache()
         if work.start > 0:
@@ -40,8 +40,19 @@ class EvictionMethod(Method):
         segments = []
         for turn, budget in zip(turns, allocate([t.length for t in turns], ratio)):
             view = view_on_cache(work.lm, cache, work.ids, turn, queries=True)
-            turn_work = TurnWork(work.lm, work.ids, turn.start, turn.end, view.kv, view.acts, work.message_starts,
-                                 work.seed, message_roles=work.message_roles, kv_start=turn.start, history=cache)
+            turn_work = TurnWork(
+                work.lm,
+                work.ids,
+                turn.start,
+                turn.end,
+                view.kv,
+                view.acts,
+                work.message_starts,
+                work.seed,
+                message_roles=work.message_roles,
+                kv_start=turn.start,
+                history=cache,
+            )
             segment = turn_work.keep(self.select(turn_work, budget))
             segment.stats = turn_stats(turn)
             cache.append(segment)
@@ -60,16 +71,22 @@ class TurnWork(SpanWork):
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
         (ks, ke), (qs, qe) = key_range, query_range
         if not (self.start <= ks < ke <= self.end and self.start <= qs < qe <= self.end):
-            raise ValueError(f"attention inside a turn: [{qs}, {qe}) → [{ks}, {ke}) leaves the turn "
-                             f"[{self.start}, {self.end})")
-        from ..attention import attention_weights
+            raise ValueError(
+                f"attention inside a turn: [{qs}, {qe}) → [{ks}, {ke}) leaves the turn [{self.start}, {self.end})"
+            )
+        from vkv.lm.attention import attention_weights
 
         # The history never carries a mass here: per-turn eviction keeps real entries only, one token each.
-        history = self.history.kv() if self.history.segments else KVPrefix([torch.zeros(1, k.shape[1], 0, k.shape[3])
-                                                                           for k in self.kv.keys], [])
+        history = (
+            self.history.kv()
+            if self.history.segments
+            else KVPrefix([torch.zeros(1, k.shape[1], 0, k.shape[3]) for k in self.kv.keys], [])
+        )
         keys = [torch.cat([h[0].to(k.device), k[0]], dim=1) for h, k in zip(history.keys, self.kv.keys)]
-        positions = torch.cat([s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()])
-        queries = [q[:, qs - self.start: qe - self.start] for q in self.acts.queries_pre_rope]
+        positions = torch.cat(
+            [s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()]
+        )
+        queries = [q[:, qs - self.start : qe - self.start] for q in self.acts.queries_pre_rope]
         weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions)
         offset = self.history.physical_length
-        return weights[:, :, offset + ks - self.start: offset + ke - self.start]
+        return weights[:, :, offset + ks - self.start : offset + ke - self.start]

@@ -1,5 +1,5 @@
-from ..cache import Segment
-from .base import Method, SpanWork
+from vkv.kv.segment import Segment
+from vkv.methods.base import Method, SpanWork
 
 
 class Full(Method):

@@ -1,8 +1,8 @@
-from ..cache import Segment
-from ..compress import CompressConfig
-from ..hybrid import HybridConfig, hybrid_segment
-from ..sequential import kv_slice
-from .base import Method, SpanWork
+from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.sequential import kv_slice
+from vkv.compress.single import CompressConfig
+from vkv.kv.segment import Segment
+from vkv.methods.base import Method, SpanWork
 
 
 class Hybrid(Method):
@@ -19,8 +19,9 @@ class Hybrid(Method):
     def compress(self, work: SpanWork, ratio: float) -> Segment:
         compress, verbatim = self.settings()
         prefix, span_kv = kv_slice(work.kv, 0, work.start), kv_slice(work.kv, work.start, work.end)
-        return hybrid_segment(work.lm, work.ids, work.acts, span_kv, prefix, work.budget(ratio), compress, verbatim,
-                              work.message_starts)
+        return hybrid_segment(
+            work.lm, work.ids, work.acts, span_kv, prefix, work.budget(ratio), compress, verbatim, work.message_starts
+        )
 
     def config(self) -> dict:
         compress, verbatim = self.settings()

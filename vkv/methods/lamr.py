@@ -1,13 +1,13 @@
 from pathlib import Path
 
-from ..errors import VkvError
-from .base import TextMethod, TextWork
+from vkv.errors import VkvError
+from vkv.methods.base import TextMethod, TextWork
 
 PLACEHOLDER = "…"
 
 
 def default_checkpoint() -> Path:
-    from ..home import vkv_home
+    from vkv.home import vkv_home
 
     return vkv_home() / "lamr-demo" / "semantic-dependency"
 
@@ -26,12 +26,14 @@ class LaMRMethod(TextMethod):
 
     def pruner(self):
         if self._pruner is None:
-            from ..backends.lamr import LaMR
+            from vkv.backends.lamr import LaMR
 
             checkpoint = Path(self.options.get("checkpoint") or default_checkpoint())
             if not checkpoint.exists():
-                raise VkvError(f"--checkpoint {checkpoint}: no LaMR checkpoint there; train the demonstration one "
-                               "with `python scripts/train_lamr_demo.py` or pass --checkpoint")
+                raise VkvError(
+                    f"--checkpoint {checkpoint}: no LaMR checkpoint there; train the demonstration one "
+                    "with `python scripts/train_lamr_demo.py` or pass --checkpoint"
+                )
             self._pruner = LaMR.from_checkpoint(checkpoint, repair=False)
         return self._pruner
 
@@ -43,12 +45,16 @@ class LaMRMethod(TextMethod):
                 owner.append(index)
         result = self.pruner().prune("\n".join(lines), work.query, ratio=ratio)
         kept = set(result.kept_lines)
-        return [_message_text([(i, lines[i]) for i in range(len(lines)) if owner[i] == m], kept)
-                for m in range(len(work.messages))]
+        return [
+            _message_text([(i, lines[i]) for i in range(len(lines)) if owner[i] == m], kept)
+            for m in range(len(work.messages))
+        ]
 
     def config(self) -> dict:
-        return {"checkpoint": str(self.options.get("checkpoint") or default_checkpoint()),
-                "query": "each evaluation question" if self.question_aware else "latest user request"}
+        return {
+            "checkpoint": str(self.options.get("checkpoint") or default_checkpoint()),
+            "query": "each evaluation question" if self.question_aware else "latest user request",
+        }
 
 
 def _message_text(numbered: list[tuple[int, str]], kept: set[int]) -> str:

@@ -1,4 +1,4 @@
-from .base import TextMethod, TextWork
+from vkv.methods.base import TextMethod, TextWork
 
 
 class LongCodeZipMethod(TextMethod):
@@ -9,7 +9,7 @@ class LongCodeZipMethod(TextMethod):
     options_taken = ("settings", "query_aware", "per_turn")
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
-        from ..backends.longcodezip import LongCodeZip
+        from vkv.backends.longcodezip import LongCodeZip
 
         pruner = LongCodeZip(work.lm, settings=self.options.get("settings"))
         result = pruner.prune_messages([m.content for m in work.messages], work.query, ratio=ratio)
@@ -17,5 +17,7 @@ class LongCodeZipMethod(TextMethod):
 
     def config(self) -> dict:
         settings = self.options.get("settings")
-        return {"settings": vars(settings) if settings is not None else "defaults",
-                "query": "each evaluation question" if self.question_aware else "latest user request"}
+        return {
+            "settings": vars(settings) if settings is not None else "defaults",
+            "query": "each evaluation question" if self.question_aware else "latest user request",
+        }

@@ -1,4 +1,4 @@
-from .base import Method, SpanWork
+from vkv.methods.base import Method, SpanWork
 
 
 class NoContext(Method):

@@ -1,10 +1,10 @@
-from ..cache import SplicedCache, verbatim_segment
-from ..compress import CompressConfig
-from ..compression_report import cache_rows
-from ..hybrid import HybridConfig
-from ..segment_group import SegmentGroup
-from ..sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
-from .base import Method, SpanWork
+from vkv.compress.hybrid import HybridConfig
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
+from vkv.compress.single import CompressConfig
+from vkv.kv.report import cache_rows
+from vkv.kv.segment import SegmentGroup, verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.methods.base import Method, SpanWork
 
 
 class Sequential(Method):
@@ -29,11 +29,18 @@ class Sequential(Method):
         if work.start > 0:
             cache.append(verbatim_segment(work.kv, 0, work.start))
         turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-        segments = compress_turns(work.lm, work.ids, turns, cache, config, FullHistory(work.acts, work.kv),
-                                  work.message_starts)
+        segments = compress_turns(
+            work.lm, work.ids, turns, cache, config, FullHistory(work.acts, work.kv), work.message_starts
+        )
         rows = cache_rows(SplicedCache(segments))
-        return SegmentGroup(segments, {"targets": config.targets, "turns": rows,
-                                       "seconds": round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)})
+        return SegmentGroup(
+            segments,
+            {
+                "targets": config.targets,
+                "turns": rows,
+                "seconds": round(sum(s.stats.get("seconds", 0.0) for s in segments), 3),
+            },
+        )
 
     def config(self) -> dict:
         return self.settings(1.0).to_dict() | {"ratio": None}

@@ -1,7 +1,7 @@
 import torch
 
-from .base import SpanWork
-from .eviction import EvictionMethod
+from vkv.methods.base import SpanWork
+from vkv.methods.eviction import EvictionMethod
 
 
 class Streaming(EvictionMethod):

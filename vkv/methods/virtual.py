@@ -1,7 +1,7 @@
-from ..cache import Segment
-from ..compress import CompressConfig, virtual_segment
-from ..model import KVPrefix
-from .base import Method, SpanWork
+from vkv.compress.single import CompressConfig, virtual_segment
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment
+from vkv.methods.base import Method, SpanWork
 
 
 class VirtualTokens(Method):
@@ -19,9 +19,20 @@ class VirtualTokens(Method):
         return (self.options.get("compress") or CompressConfig()).pooling == "attention"
 
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
-        prefix = KVPrefix([k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values])
-        return virtual_segment(work.lm, work.ids, work.acts, prefix, self.settings(ratio), work.message_starts,
-                               work.attention, on_step, teacher=work.kv)
+        prefix = KVPrefix(
+            [k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values]
+        )
+        return virtual_segment(
+            work.lm,
+            work.ids,
+            work.acts,
+            prefix,
+            self.settings(ratio),
+            work.message_starts,
+            work.attention,
+            on_step,
+            teacher=work.kv,
+        )
 
     def config(self) -> dict:
         return self.settings(1.0).to_dict() | {"ratio": None}

@@ -37,13 +37,28 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import VkvError
-from .grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
-from .plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
-from .results import ResultsFile, read_results, results_name
+from vkv.errors import VkvError
+from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
+from vkv.sweep.plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
+from vkv.sweep.results import ResultsFile, read_results, results_name
 
-__all__ = ["Experiment", "ResultsFile", "Run", "Unit", "add_sweep_args", "build_method", "expand", "load_experiment",
-           "parse_shard", "plan", "read_results", "results_name", "run_sweep", "take_shard", "turn_count_windows"]
+__all__ = [
+    "Experiment",
+    "ResultsFile",
+    "Run",
+    "Unit",
+    "add_sweep_args",
+    "build_method",
+    "expand",
+    "load_experiment",
+    "parse_shard",
+    "plan",
+    "read_results",
+    "results_name",
+    "run_sweep",
+    "take_shard",
+    "turn_count_windows",
+]
 
 
 def add_sweep_args(p: argparse.ArgumentParser) -> None:
@@ -53,8 +68,11 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-caches", action="store_true", help="also save each run's spliced cache (large)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
     p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"))
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; 1 is fastest "
-                   "when other processes share the cores)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the runs this shard would do, then stop")
 
 
@@ -70,7 +88,7 @@ def _device(arg: str) -> str:
 def run_sweep(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..progress import make_progress
+    from vkv.progress import make_progress
 
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for the tables
@@ -85,14 +103,16 @@ def run_sweep(args: argparse.Namespace) -> int:
     done = {line.get("run_id") for line in read_results(out)} if out.is_dir() else set()
     pending = [r for r in mine if r.id not in done]
     split = "+".join(sorted({r.unit.transcript.split or "unsplit" for r in runs})) or "—"
-    console.print(f"{experiment.name} (transcript split: {split}): {len(runs)} runs in the grid, {len(mine)} in shard "
-                  f"{shard[0]}/{shard[1]}, {len(mine) - len(pending)} already done, {len(pending)} to run")
+    console.print(
+        f"{experiment.name} (transcript split: {split}): {len(runs)} runs in the grid, {len(mine)} in shard "
+        f"{shard[0]}/{shard[1]}, {len(mine) - len(pending)} already done, {len(pending)} to run"
+    )
     if args.dry_run:
         _print_plan(console, pending)
         return 0
     if not pending:
         return 0
-    from .runner import SweepContext, execute, git_revision
+    from vkv.sweep.runner import SweepContext, execute, git_revision
 
     if args.threads:
         import torch
@@ -107,8 +127,11 @@ def run_sweep(args: argparse.Namespace) -> int:
     finally:
         results.close()
     for failure in failures:
-        console.print(f"[bold red]failed:[/] {failure.get('unit')} {failure.get('method', '')} "
-                      f"{failure.get('ratio') or ''}: {failure['error']}", highlight=False)
+        console.print(
+            f"[bold red]failed:[/] {failure.get('unit')} {failure.get('method', '')} "
+            f"{failure.get('ratio') or ''}: {failure['error']}",
+            highlight=False,
+        )
     console.print(f"wrote {results.path}" + (f"; {len(failures)} failed (see {errors})" if failures else ""))
     return 1 if failures else 0
 
@@ -131,8 +154,16 @@ def _print_plan(console, runs: list[Run]) -> None:
     skip = {"model", "quant", "transcript", "method", "ratio", "seed", *UNIT_KEYS}
     for r in runs:
         options = " ".join(f"{k}={v}" for k, v in r.point.items() if k not in skip)
-        table.add_row(r.id, r.point["model"], r.identity["quant"], r.unit.label, r.point["method"],
-                      str(r.point["ratio"] or "—"), str(r.point["seed"]), options)
+        table.add_row(
+            r.id,
+            r.point["model"],
+            r.identity["quant"],
+            r.unit.label,
+            r.point["method"],
+            str(r.point["ratio"] or "—"),
+            str(r.point["seed"]),
+            options,
+        )
     console.print(table)
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from . import main
+from vkv.sweep import main
 
 sys.exit(main())

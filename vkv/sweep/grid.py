@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from ..errors import VkvError
+import tomllib
 
+from vkv.errors import VkvError
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
 AXIS_NAMES = {"transcripts": "transcript", "methods": "method", "ratios": "ratio", "seeds": "seed"}
@@ -22,11 +23,14 @@ PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
 
 def compress_keys() -> dict[str, Any]:
     """Grid keys that set a CompressConfig or OptimConfig field, with their defaults (seed comes from `seeds`)."""
-    from ..compress import CompressConfig
-    from ..optimize import OptimConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.compress.single import CompressConfig
 
-    top = {f.name: getattr(CompressConfig(), f.name) for f in fields(CompressConfig)
-           if f.name not in ("ratio", "optim", "distill")}
+    top = {
+        f.name: getattr(CompressConfig(), f.name)
+        for f in fields(CompressConfig)
+        if f.name not in ("ratio", "optim", "distill")
+    }
     optim = {f.name: getattr(OptimConfig(), f.name) for f in fields(OptimConfig) if f.name != "seed"}
     return {**top, **optim, **distill_keys()}
 
@@ -35,13 +39,13 @@ DISTILL_PREFIX = "distill_"  # DistillConfig fields in a grid: distill_steps, di
 
 
 def distill_keys() -> dict[str, Any]:
-    from ..distill import DistillConfig
+    from vkv.compress.distill import DistillConfig
 
     return {DISTILL_PREFIX + f.name: getattr(DistillConfig(), f.name) for f in fields(DistillConfig)}
 
 
 def eval_keys() -> dict[str, Any]:
-    from ..evals.runner import EvalSettings
+    from vkv.evals.runner import EvalSettings
 
     return {f.name: getattr(EvalSettings(), f.name) for f in fields(EvalSettings) if f.name != "seed"}
 
@@ -126,13 +130,13 @@ def _plural(key: str) -> str:
 
 
 def _quants() -> tuple[str, ...]:
-    from ..model import QUANTS
+    from vkv.lm.load import QUANTS
 
     return QUANTS
 
 
 def _method_names() -> tuple[str, ...]:
-    from ..methods import METHODS
+    from vkv.methods import METHODS
 
     return tuple(METHODS)
 
@@ -169,8 +173,10 @@ def _flatten(grid: dict, where: str) -> dict:
     for k, v in grid.items():
         if k in methods:
             if not isinstance(v, dict):
-                raise VkvError(f"{where}: field {k} names a method, so it must be a table of its options, "
-                               f"e.g. {k} = {{ option = value }}")
+                raise VkvError(
+                    f"{where}: field {k} names a method, so it must be a table of its options, "
+                    f"e.g. {k} = {{ option = value }}"
+                )
             out.update({f"{k}.{opt}": val for opt, val in v.items()})
         else:
             out[k] = v
@@ -179,7 +185,7 @@ def _flatten(grid: dict, where: str) -> dict:
 
 def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
-    from ..methods import METHODS
+    from vkv.methods import METHODS
 
     name = point["method"]
     if name not in METHODS:
@@ -196,8 +202,9 @@ def _relevant(point: dict, where: str) -> dict:
         if key in point and not isinstance(point[key], str):
             raise VkvError(f"{where}: field {_plural(key)}: expected text, got {point[key]!r}")
     if point["quant"] not in _quants():
-        raise VkvError(f"{where}: field quant: unknown quantisation '{point['quant']}'; choose one of "
-                       f"{', '.join(_quants())}")
+        raise VkvError(
+            f"{where}: field quant: unknown quantisation '{point['quant']}'; choose one of {', '.join(_quants())}"
+        )
     out["method"] = name
     out["ratio"] = _ratio(point.get("ratio"), where) if cls.uses_ratio else None
     if cls.uses_ratio and out["ratio"] is None:
@@ -229,8 +236,9 @@ def _ratio(value, where: str) -> float | None:
 def _typed(key: str, value, default, where: str):
     if default is None or isinstance(default, tuple):  # layer_weights, betas: one TOML array becomes a tuple
         if isinstance(default, tuple) and not isinstance(value, list):
-            raise VkvError(f"{where}: field {key}: expected a list such as {list(default)}; to sweep it, give a "
-                           f"list of lists")
+            raise VkvError(
+                f"{where}: field {key}: expected a list such as {list(default)}; to sweep it, give a list of lists"
+            )
         return tuple(value) if isinstance(value, list) else value
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
@@ -253,27 +261,34 @@ def _jsonable(value: Any) -> Any:
 
 def build_method(point: dict):
     """The method object a point describes; its compression config carries the run's seed."""
-    from ..compress import CompressConfig
-    from ..methods import METHODS, get_method
-    from ..optimize import OptimConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.compress.single import CompressConfig
+    from vkv.methods import METHODS, get_method
 
     name = point["method"]
-    options = {opt: _option(name, opt, v) for opt, v in
-               ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))}
+    options = {
+        opt: _option(name, opt, v)
+        for opt, v in ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))
+    }
     if "compress" in METHODS[name].options_taken:
         top = {f.name for f in fields(CompressConfig)}
         optim = {k: v for k, v in point.items() if k in {f.name for f in fields(OptimConfig)}}
-        distill = {k[len(DISTILL_PREFIX):]: v for k, v in point.items() if k in distill_keys()}
-        config = CompressConfig.from_dict({**{k: v for k, v in point.items() if k in top - {"distill"}},
-                                           "optim": {**optim, "seed": point["seed"]}, "distill": distill})
+        distill = {k[len(DISTILL_PREFIX) :]: v for k, v in point.items() if k in distill_keys()}
+        config = CompressConfig.from_dict(
+            {
+                **{k: v for k, v in point.items() if k in top - {"distill"}},
+                "optim": {**optim, "seed": point["seed"]},
+                "distill": distill,
+            }
+        )
         options["compress"] = config.validate()
     return get_method(name, **options)
 
 
 OPTION_TABLES = {  # method options given as TOML tables, and the config class each becomes
-    ("hybrid", "verbatim"): ("vkv.hybrid", "HybridConfig"),
-    ("sequential", "hybrid"): ("vkv.hybrid", "HybridConfig"),
-    ("sequential", "auto_ratio"): ("vkv.autoratio", "AutoRatioConfig"),
+    ("hybrid", "verbatim"): ("vkv.compress.hybrid", "HybridConfig"),
+    ("sequential", "hybrid"): ("vkv.compress.hybrid", "HybridConfig"),
+    ("sequential", "auto_ratio"): ("vkv.compress.autoratio", "AutoRatioConfig"),
 }
 
 
@@ -282,8 +297,10 @@ def _option(method: str, option: str, value):
     if not isinstance(value, dict):
         return value
     if (method, option) not in OPTION_TABLES:
-        raise VkvError(f"field {method}.{option}: a table was given, but vkv sweep does not know which settings "
-                       f"class it describes (known: {', '.join(f'{m}.{o}' for m, o in OPTION_TABLES)})")
+        raise VkvError(
+            f"field {method}.{option}: a table was given, but vkv sweep does not know which settings "
+            f"class it describes (known: {', '.join(f'{m}.{o}' for m, o in OPTION_TABLES)})"
+        )
     import importlib
 
     module, cls = OPTION_TABLES[(method, option)]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-from ..errors import VkvError
-from .grid import UNIT_KEYS, Experiment, _canonical, build_method, eval_keys, expand
+from vkv.errors import VkvError
+from vkv.sweep.grid import UNIT_KEYS, Experiment, _canonical, build_method, eval_keys, expand
 
 
 @dataclass
@@ -41,8 +42,8 @@ class Run:
 
 
 def units_for(experiment: Experiment, point: dict, tokenizer_of: Callable[[str], Any]) -> list[Unit]:
-    from ..evals.windows import select_windows
-    from ..transcript import load_transcript, parse_turn_span, render
+    from vkv.text.transcript import load_transcript, parse_turn_span, render
+    from vkv.text.windows import select_windows
 
     path = experiment.resolve(point["transcript"])
     if not path.is_file():
@@ -53,7 +54,10 @@ def units_for(experiment: Experiment, point: dict, tokenizer_of: Callable[[str],
         subs = select_windows(transcript, render(transcript, tokenizer_of(point["model"])), point["window"], limit)
         return [_unit(sub, None, transcript, "window") for sub in subs]
     if "window_turns" in point:
-        return [_unit(sub, None, transcript, "window") for sub in turn_count_windows(transcript, point["window_turns"], limit)]
+        return [
+            _unit(sub, None, transcript, "window")
+            for sub in turn_count_windows(transcript, point["window_turns"], limit)
+        ]
     turns = parse_turn_span(point.get("span"), transcript)
     return [_unit(transcript, turns, transcript, "span")]
 
@@ -61,14 +65,23 @@ def units_for(experiment: Experiment, point: dict, tokenizer_of: Callable[[str],
 def _unit(sub, turns, parent, kind: str) -> Unit:
     turns = turns or sub.default_span()
     label = sub.id if kind == "window" else f"{sub.id}@span{turns[0]}-{turns[1] - 1}"
-    return Unit(sub, turns if kind == "span" else None,
-                {"unit": label, "transcript": parent.id, "sha256": parent.sha256, "context": kind,
-                 "turns": list(turns), "messages": len(sub.messages)})
+    return Unit(
+        sub,
+        turns if kind == "span" else None,
+        {
+            "unit": label,
+            "transcript": parent.id,
+            "sha256": parent.sha256,
+            "context": kind,
+            "turns": list(turns),
+            "messages": len(sub.messages),
+        },
+    )
 
 
 def turn_count_windows(transcript, n: int, limit: int | None):
     """Windows of n consecutive messages after the system message that carry questions, most questions first."""
-    from ..evals.windows import window_transcript
+    from vkv.text.windows import window_transcript
 
     if not isinstance(n, int) or n < 1:
         raise VkvError(f"window_turns must be a positive number of messages, got {n!r}")
@@ -81,8 +94,8 @@ def turn_count_windows(transcript, n: int, limit: int | None):
 
 def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
     """Every run of the experiment, each once, grouped by model then unit (file order within)."""
-    from ..evals.runner import EvalSettings
-    from ..model import resolve_device, resolve_quant
+    from vkv.evals.runner import EvalSettings
+    from vkv.lm.load import resolve_device, resolve_quant
 
     dev = resolve_device(device)
     settings = {**eval_keys(), **experiment.eval}
@@ -100,22 +113,28 @@ def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
             raise VkvError(f"{experiment.path}: {exc}") from None
         for unit in units[unit_spec]:
             identity = {
-                "model": point["model"], "quant": resolve_quant(point["quant"], dev), **unit.key,
-                "method": point["method"], "ratio": point["ratio"], "config": method.config(),
-                "seed": point["seed"], "eval": settings,
+                "model": point["model"],
+                "quant": resolve_quant(point["quant"], dev),
+                **unit.key,
+                "method": point["method"],
+                "ratio": point["ratio"],
+                "config": method.config(),
+                "seed": point["seed"],
+                "eval": settings,
             }
             run_id = hashlib.sha256(_canonical(identity).encode()).hexdigest()[:16]
             runs.setdefault(run_id, Run(run_id, point, unit, identity))
     order = {}
-    return sorted(runs.values(), key=lambda r: (order.setdefault(r.group, len(order)),
-                                                order.setdefault(r.unit.label, len(order))))
+    return sorted(
+        runs.values(), key=lambda r: (order.setdefault(r.group, len(order)), order.setdefault(r.unit.label, len(order)))
+    )
 
 
 def _tokenizer(model: str, cache: dict):
     if model not in cache:
         from transformers import AutoTokenizer
 
-        from ..model import resolve_model_path
+        from vkv.lm.load import resolve_model_path
 
         path, local = resolve_model_path(model)
         try:

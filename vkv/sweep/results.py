@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import VkvError
-from .grid import _jsonable
+from vkv.errors import VkvError
+from vkv.sweep.grid import _jsonable
 
 
 def results_name(i: int, n: int) -> str:

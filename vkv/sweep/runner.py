@@ -8,24 +8,30 @@ import platform
 import subprocess
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ..errors import VkvError
-from ..evals.runner import EvalSettings, TranscriptEval
-from .grid import Experiment, build_method
-from .plan import Run
-from .results import ResultsFile
+from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.sweep.grid import Experiment, build_method
+from vkv.sweep.plan import Run
+from vkv.sweep.results import ResultsFile
 
 
 def git_revision() -> dict[str, Any]:
     root = Path(__file__).resolve().parents[2]
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return {"revision": None, "dirty": None}
     if rev.returncode != 0:
@@ -59,8 +65,14 @@ class SweepContext:
     git: dict
 
 
-def execute(ctx: SweepContext, runs: list[Run], results: ResultsFile, console, progress,
-            on_failure: Callable[[dict], None] = lambda failure: None) -> list[dict]:
+def execute(
+    ctx: SweepContext,
+    runs: list[Run],
+    results: ResultsFile,
+    console,
+    progress,
+    on_failure: Callable[[dict], None] = lambda failure: None,
+) -> list[dict]:
     """Run `runs` (grouped by model, then unit), appending a line per finished run; returns the failures
     (each also passed to `on_failure` as it happens)."""
     failures = _Failures(on_failure)
@@ -101,7 +113,7 @@ def _free_memory() -> None:
 
 
 def _load(model: str, quant: str, ctx: SweepContext, console):
-    from ..model import load_model
+    from vkv.lm.load import load_model
 
     with console.status(f"loading {model} ({quant})"):
         return load_model(model, quant=quant, device=ctx.device, attn_implementation=ctx.attn)
@@ -126,7 +138,7 @@ def _references(lm, run: Run, ctx: SweepContext, progress, failures: list) -> Sw
 def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, progress, failures: list) -> None:
     import torch
 
-    from ..resources import peak_memory_mb, reset_peak_memory
+    from vkv.resources import peak_memory_mb, reset_peak_memory
 
     point = run.point
     label = f"{run.unit.label} {point['method']}" + (f" @ {point['ratio']}×" if point["ratio"] else "")
@@ -147,38 +159,67 @@ def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, 
         result = evaluation.evaluate(method, point["ratio"], on_step)
         wall = time.perf_counter() - t0
     except (VkvError, RuntimeError, ValueError, NotImplementedError) as exc:  # record, keep going with the grid
-        failures.append({"run_id": run.id, "unit": run.unit.label, "method": point["method"], "ratio": point["ratio"],
-                         "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
-                         "where": traceback.format_exc(limit=-3).strip().splitlines()[-3:]})
+        failures.append(
+            {
+                "run_id": run.id,
+                "unit": run.unit.label,
+                "method": point["method"],
+                "ratio": point["ratio"],
+                "error": f"{type(exc).__name__}: {exc}".splitlines()[0],
+                "where": traceback.format_exc(limit=-3).strip().splitlines()[-3:],
+            }
+        )
         progress.remove_task(task)
         _free_memory()  # after an out-of-memory error the next run should start clean
         return
     record = {
-        "run_id": run.id, "sweep": ctx.experiment.name, "experiment": str(ctx.experiment.path),
-        "run": point, "identity": run.identity, "git": ctx.git, "seed": point["seed"], "started": started,
-        "wall_seconds": round(wall, 3), "reference_seconds": evaluation.reference_seconds,
+        "run_id": run.id,
+        "sweep": ctx.experiment.name,
+        "experiment": str(ctx.experiment.path),
+        "run": point,
+        "identity": run.identity,
+        "git": ctx.git,
+        "seed": point["seed"],
+        "started": started,
+        "wall_seconds": round(wall, 3),
+        "reference_seconds": evaluation.reference_seconds,
         "peak_memory_mb": round(peak_memory_mb(lm.device), 1),
         "peak_memory_kind": "cuda-max-allocated" if lm.device.type == "cuda" else "process-max-rss",
-        "device": str(lm.device), "threads": torch.get_num_threads(), "torch": torch.__version__, "host": platform.node(),
-        "shard": f"{ctx.shard[0]}/{ctx.shard[1]}", "result": result,
+        "device": str(lm.device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "host": platform.node(),
+        "shard": f"{ctx.shard[0]}/{ctx.shard[1]}",
+        "result": result,
     }
     if ctx.save_caches and evaluation.last_spliced is not None and point["method"] not in ("full", "none"):
         record["cache"] = _save_cache(ctx, lm, run, evaluation.last_spliced, result)
     results.append(record)
     progress.remove_task(task)
     summary = result["summary"]
-    progress.console.print(f"done {label}: keyword {summary['keyword_accuracy']:.2f}, choice "
-                           f"{summary['choice_accuracy']:.2f}, achieved {result['ratio_achieved'] or 0:.2f}×, "
-                           f"{wall:.1f}s", highlight=False)
+    progress.console.print(
+        f"done {label}: keyword {summary['keyword_accuracy']:.2f}, choice "
+        f"{summary['choice_accuracy']:.2f}, achieved {result['ratio_achieved'] or 0:.2f}×, "
+        f"{wall:.1f}s",
+        highlight=False,
+    )
 
 
 def _save_cache(ctx: SweepContext, lm, run: Run, spliced, result: dict) -> str:
-    from ..cache import cache_metadata, save_cache
+    from vkv.kv.file import cache_metadata, save_cache
 
     path = ctx.out / "caches" / f"{run.id}.safetensors"
     t = run.unit.transcript
-    spliced.meta = cache_metadata(lm, transcript={"id": t.id, "sha256": t.sha256, "path": t.path,
-                                                  "turns": result["turns"], "window": run.unit.key["context"] == "window"},
-                                  config=result["config"])
+    spliced.meta = cache_metadata(
+        lm,
+        transcript={
+            "id": t.id,
+            "sha256": t.sha256,
+            "path": t.path,
+            "turns": result["turns"],
+            "window": run.unit.key["context"] == "window",
+        },
+        config=result["config"],
+    )
     save_cache(spliced, path)
     return str(path.relative_to(ctx.out))

@@ -8,18 +8,37 @@ corpus.py (synthetic corpus from local Python) · checkpoint.py (ours and SWE-Pr
 pruner.py (`LaMR`, the TextPruner) · cli.py (what the command line calls).
 """
 
-from .checkpoint import SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner, save_checkpoint
-from .crf import LinearChainCRF
-from .labels import LabelConfig, RubricLabels, rubric_labels
-from .model import DEFAULT_BACKBONE, LaMRConfig, LaMRModel, assemble, build_model
-from .pruner import LaMR
-from .records import Record, read_records, write_records
-from .repair import RepairConfig, Repaired, repair
-from .train import TrainConfig, TrainSummary, fit
+from vkv.backends.lamr.checkpoint import SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner, save_checkpoint
+from vkv.backends.lamr.crf import LinearChainCRF
+from vkv.backends.lamr.labels import LabelConfig, RubricLabels, rubric_labels
+from vkv.backends.lamr.model import DEFAULT_BACKBONE, LaMRConfig, LaMRModel, assemble, build_model
+from vkv.backends.lamr.pruner import LaMR
+from vkv.backends.lamr.records import Record, read_records, write_records
+from vkv.backends.lamr.repair import RepairConfig, Repaired, repair
+from vkv.backends.lamr.train import TrainConfig, TrainSummary, fit
 
 __all__ = [
-    "DEFAULT_BACKBONE", "SWE_PRUNER_HUB_ID", "LaMR", "LaMRConfig", "LaMRModel", "LabelConfig", "LinearChainCRF",
-    "Record", "RepairConfig", "Repaired", "RubricLabels", "TrainConfig", "TrainSummary", "assemble", "build_model",
-    "fit", "load_checkpoint", "load_swe_pruner", "read_records", "repair", "rubric_labels", "save_checkpoint",
+    "DEFAULT_BACKBONE",
+    "SWE_PRUNER_HUB_ID",
+    "LaMR",
+    "LaMRConfig",
+    "LaMRModel",
+    "LabelConfig",
+    "LinearChainCRF",
+    "Record",
+    "RepairConfig",
+    "Repaired",
+    "RubricLabels",
+    "TrainConfig",
+    "TrainSummary",
+    "assemble",
+    "build_model",
+    "fit",
+    "load_checkpoint",
+    "load_swe_pruner",
+    "read_records",
+    "repair",
+    "rubric_labels",
+    "save_checkpoint",
     "write_records",
 ]

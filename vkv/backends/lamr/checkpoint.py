@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from ...errors import VkvError
-from ...io import atomic_path, write_json_atomic
-from .model import DEFAULT_BACKBONE, LaMRConfig, LaMRModel, build_model
+from vkv.backends.lamr.model import DEFAULT_BACKBONE, LaMRConfig, LaMRModel, build_model
+from vkv.errors import VkvError
+from vkv.io import atomic_path, write_json_atomic
 
 FORMAT = "vkv-lamr"
 VERSION = 1
@@ -72,7 +72,9 @@ def read_manifest(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if manifest.get("format") != FORMAT:
         raise VkvError(f"{manifest_path}: field 'format' must be '{FORMAT}', got {manifest.get('format')!r}")
     if manifest.get("version") != VERSION:
-        raise VkvError(f"{manifest_path}: field 'version' is {manifest.get('version')!r}; this vkv reads version {VERSION}")
+        raise VkvError(
+            f"{manifest_path}: field 'version' is {manifest.get('version')!r}; this vkv reads version {VERSION}"
+        )
     if not isinstance(manifest.get("config"), dict):
         raise VkvError(f"{manifest_path}: field 'config' must be an object")
     return directory, manifest
@@ -93,9 +95,9 @@ def load_checkpoint(
         raise VkvError(f"{directory} is not a LaMR checkpoint: {WEIGHTS_FILE} is missing")
     tensors = load_file(str(weights))
     model = build_model(config, device)
-    head_state = {k[len("head."):]: v for k, v in tensors.items() if k.startswith("head.")}
+    head_state = {k[len("head.") :]: v for k, v in tensors.items() if k.startswith("head.")}
     _load_strict(model.head, head_state, weights, "head")
-    backbone_state = {k[len("backbone."):]: v for k, v in tensors.items() if k.startswith("backbone.")}
+    backbone_state = {k[len("backbone.") :]: v for k, v in tensors.items() if k.startswith("backbone.")}
     _load_partial(model.backbone.model, backbone_state, weights)
     return model.eval(), manifest
 
@@ -116,7 +118,7 @@ def load_swe_pruner(
     file = _swe_pruner_file(weights)
     tensors = load_file(str(file))
     if tensors and all(k.startswith("model.") for k in tensors):
-        tensors = {k[len("model."):]: v for k, v in tensors.items()}
+        tensors = {k[len("model.") :]: v for k, v in tensors.items()}
     if "compression_head.feature_extractor.1.weight" not in tensors:
         raise VkvError(f"{file} does not have SWE-Pruner's key layout (no compression_head.feature_extractor.1.weight)")
     hidden = tensors["compression_head.feature_extractor.1.weight"].shape[0]
@@ -140,7 +142,7 @@ def load_swe_pruner(
 
 
 def _answer_ids(model: LaMRModel) -> tuple[int, int]:
-    from .prompt import answer_token_ids
+    from vkv.backends.lamr.prompt import answer_token_ids
 
     return answer_token_ids(model.tokenizer)
 
@@ -158,11 +160,13 @@ def _swe_pruner_file(weights: str | Path) -> Path:
 
         return Path(hf_hub_download(str(weights), "model.safetensors"))
     except Exception as exc:  # network, auth or missing repo: all end the same way for the user
-        raise VkvError(f"could not fetch model.safetensors from the hub repo '{weights}': {str(exc).splitlines()[0]}") from exc
+        raise VkvError(
+            f"could not fetch model.safetensors from the hub repo '{weights}': {str(exc).splitlines()[0]}"
+        ) from exc
 
 
 def _swe_pruner_backbone_state(tensors: dict[str, torch.Tensor], model: LaMRModel) -> dict[str, torch.Tensor]:
-    state = {k[len("backbone."):]: v for k, v in tensors.items() if k.startswith("backbone.")}
+    state = {k[len("backbone.") :]: v for k, v in tensors.items() if k.startswith("backbone.")}
     expected = set(model.backbone.model.state_dict())
     embed_key = next((k for k in expected if k.endswith("embed_tokens.weight")), None)
     if embed_key and embed_key not in state:
@@ -193,7 +197,9 @@ def _swe_pruner_head_state(tensors: dict[str, torch.Tensor]) -> dict[str, torch.
     if missing:
         raise VkvError(f"SWE-Pruner checkpoint lacks {', '.join(missing[:4])}")
     state = {new: tensors[old] for old, new in renames.items()}
-    state[f"crfs.{rubric}.transitions"] = tensors["compression_head.crf.transitions"].T.contiguous()  # [to,from]→[from,to]
+    state[f"crfs.{rubric}.transitions"] = tensors[
+        "compression_head.crf.transitions"
+    ].T.contiguous()  # [to,from]→[from,to]
     return state
 
 
@@ -206,7 +212,9 @@ def _load_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], source
         raise VkvError(f"{source}: the {part} weights do not match this configuration ({detail})")
     for key, value in state.items():
         if expected[key].shape != value.shape:
-            raise VkvError(f"{source}: {part} tensor {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
+            raise VkvError(
+                f"{source}: {part} tensor {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}"
+            )
     module.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
 
 
@@ -218,5 +226,7 @@ def _load_partial(module: torch.nn.Module, state: dict[str, torch.Tensor], sourc
     with torch.no_grad():
         for key, value in state.items():
             if expected[key].shape != value.shape:
-                raise VkvError(f"{source}: backbone tensor {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}")
+                raise VkvError(
+                    f"{source}: backbone tensor {key} has shape {tuple(value.shape)}, expected {tuple(expected[key].shape)}"
+                )
             expected[key].copy_(value.to(expected[key].dtype))

@@ -7,29 +7,44 @@ caller prints; user mistakes raise VkvError with one sentence naming the file or
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
-from ...errors import VkvError
-from ..base import PruneResult
-from .corpus import CorpusConfig, build_corpus, default_sources, is_validation_file, python_files
-from .labels import LabelConfig
-from .model import LaMRConfig
-from .records import Record, read_records, write_records
-from .train import TrainConfig, TrainSummary
+from vkv.backends.base import PruneResult
+from vkv.backends.lamr.corpus import CorpusConfig, build_corpus, default_sources, is_validation_file, python_files
+from vkv.backends.lamr.labels import LabelConfig
+from vkv.backends.lamr.model import LaMRConfig
+from vkv.backends.lamr.records import Record, read_records, write_records
+from vkv.backends.lamr.train import TrainConfig, TrainSummary
+from vkv.errors import VkvError
 
 EXTENSIONS = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript", ".cjs": "javascript",
-    ".jsx": "javascript", ".ts": "typescript", ".tsx": "tsx", ".java": "java", ".go": "go", ".rs": "rust",
-    ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp", ".cxx": "cpp", ".hpp": "cpp", ".hh": "cpp",
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".tsx": "tsx",
+    ".java": "java",
+    ".go": "go",
+    ".rs": "rust",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hpp": "cpp",
+    ".hh": "cpp",
 }
 
 
 def language_for(path: Path, text: str) -> str | None:
-    from .pruner import guess_language
+    from vkv.backends.lamr.pruner import guess_language
 
     return EXTENSIONS.get(path.suffix.lower()) or guess_language(text)
 
@@ -52,7 +67,7 @@ def prune_file(
 
     C is a vkv LaMR checkpoint directory or SWE-Pruner weights (model.safetensors, its directory, or the
     hub id ayanami-kitasan/code-pruner, which needs hub access)."""
-    from .pruner import LaMR
+    from vkv.backends.lamr.pruner import LaMR
 
     source = Path(path)
     try:
@@ -90,8 +105,10 @@ def build_corpus_files(
     files = python_files(roots)
     if not files:
         raise VkvError(f"no Python files found under {', '.join(map(str, roots))}")
-    config = CorpusConfig(min_lines=min_lines, max_lines=max_lines, per_file=per_file,
-                          queries_per_snippet=queries_per_snippet, seed=seed)
+    config = CorpusConfig(
+        min_lines=min_lines, max_lines=max_lines, per_file=per_file, queries_per_snippet=queries_per_snippet, seed=seed
+    )
+
     def root_of(f: Path) -> Path | None:
         return next((r for r in roots if r.is_dir() and f.is_relative_to(r)), None)
 
@@ -111,8 +128,13 @@ def build_corpus_files(
 
 def _split_summary(path, records: list[Record], files: list[Path]) -> dict:
     positives = sum(r.score > 0 for r in records)
-    return {"path": str(path), "records": len(records), "positives": positives, "negatives": len(records) - positives,
-            "source_files": len(files)}
+    return {
+        "path": str(path),
+        "records": len(records),
+        "positives": positives,
+        "negatives": len(records) - positives,
+        "source_files": len(files),
+    }
 
 
 def train_from_files(
@@ -144,11 +166,11 @@ def train_from_files(
     Without `val_data`, `val_fraction` of the records (seeded) are held out. Writes the best epoch's
     checkpoint to `out` and returns the summary.
     """
-    from ...model import resolve_device
-    from .checkpoint import save_checkpoint
-    from .dataset import encode
-    from .model import build_model
-    from .train import fit
+    from vkv.backends.lamr.checkpoint import save_checkpoint
+    from vkv.backends.lamr.dataset import encode
+    from vkv.backends.lamr.model import build_model
+    from vkv.backends.lamr.train import fit
+    from vkv.lm.load import resolve_device
 
     train_records = read_records(data)
     if val_data is not None:
@@ -156,11 +178,16 @@ def train_from_files(
     else:
         train_records, val_records = _hold_out(train_records, val_fraction, seed)
     model_config = LaMRConfig(
-        backbone=backbone, rubrics=tuple(rubrics), trainable_top_layers=trainable_top_layers,
-        max_length=max_length, backbone_dtype=backbone_dtype, threshold=threshold,
+        backbone=backbone,
+        rubrics=tuple(rubrics),
+        trainable_top_layers=trainable_top_layers,
+        max_length=max_length,
+        backbone_dtype=backbone_dtype,
+        threshold=threshold,
     )
-    train_config = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, bf16_autocast=bf16_autocast,
-                               target=target, seed=seed)
+    train_config = TrainConfig(
+        epochs=epochs, batch_size=batch_size, lr=lr, bf16_autocast=bf16_autocast, target=target, seed=seed
+    )
     if len(rubrics) == 1:
         train_config = replace(train_config, rubric_weights=(1.0,))
     train_config.check(model_config.rubrics)
@@ -170,8 +197,16 @@ def train_from_files(
     train_set = encode(model.tokenizer, train_records, model_config, label_config)
     val_set = encode(model.tokenizer, val_records, model_config, label_config) if val_records else None
     summary = fit(model, train_set, val_set, train_config, log=log, show_progress=show_progress)
-    save_checkpoint(model, out, {"training": summary.to_dict(), "train_config": _plain(train_config),
-                                 "label_config": _plain(label_config), "data": str(data)})
+    save_checkpoint(
+        model,
+        out,
+        {
+            "training": summary.to_dict(),
+            "train_config": _plain(train_config),
+            "label_config": _plain(label_config),
+            "data": str(data),
+        },
+    )
     return summary
 
 
@@ -196,17 +231,35 @@ def _plain(config) -> dict:
 
 def run_prune(args) -> dict:
     """`vkv prune FILE --backend lamr ...` from parsed flags; the payload `vkv prune` prints and `--json` keeps."""
-    from ...io import write_json_atomic
+    from vkv.io import write_json_atomic
 
     if not getattr(args, "checkpoint", None):
-        raise VkvError("--checkpoint is required for the lamr backend (a vkv LaMR checkpoint directory, or "
-                       "SWE-Pruner's model.safetensors)")
-    result = prune_file(args.file, checkpoint=args.checkpoint, query=args.query, threshold=args.threshold,
-                        budget=args.budget, ratio=args.ratio, language=args.language,
-                        repair=not getattr(args, "no_repair", False), device=getattr(args, "device", None))
-    payload = {"file": str(args.file), "backend": "lamr", "query": args.query, "text": result.text,
-               "original_tokens": result.original_tokens, "compressed_tokens": result.compressed_tokens,
-               "ratio_achieved": result.ratio_achieved, "kept_lines": result.kept_lines, "report": result.report}
+        raise VkvError(
+            "--checkpoint is required for the lamr backend (a vkv LaMR checkpoint directory, or "
+            "SWE-Pruner's model.safetensors)"
+        )
+    result = prune_file(
+        args.file,
+        checkpoint=args.checkpoint,
+        query=args.query,
+        threshold=args.threshold,
+        budget=args.budget,
+        ratio=args.ratio,
+        language=args.language,
+        repair=not getattr(args, "no_repair", False),
+        device=getattr(args, "device", None),
+    )
+    payload = {
+        "file": str(args.file),
+        "backend": "lamr",
+        "query": args.query,
+        "text": result.text,
+        "original_tokens": result.original_tokens,
+        "compressed_tokens": result.compressed_tokens,
+        "ratio_achieved": result.ratio_achieved,
+        "kept_lines": result.kept_lines,
+        "report": result.report,
+    }
     if getattr(args, "json", None):
         write_json_atomic(args.json, payload)
     return payload
@@ -245,20 +298,44 @@ def add_lamr_commands(sub) -> None:
 
 def run_lamr(args, console) -> int:
     if args.lamr_command == "build-corpus":
-        summary = build_corpus_files(args.out, val_out=args.val_out, sources=args.sources, records=args.records,
-                                     val_records=args.val_records, val_fraction=args.val_fraction,
-                                     min_lines=args.min_lines, max_lines=args.max_lines, seed=args.seed)
+        summary = build_corpus_files(
+            args.out,
+            val_out=args.val_out,
+            sources=args.sources,
+            records=args.records,
+            val_records=args.val_records,
+            val_fraction=args.val_fraction,
+            min_lines=args.min_lines,
+            max_lines=args.max_lines,
+            seed=args.seed,
+        )
         for split, counts in summary.items():
-            console.print(f"{split}: {counts['records']} records ({counts['positives']} relevant, "
-                          f"{counts['negatives']} not) from {counts['source_files']} files → {counts['path']}")
+            console.print(
+                f"{split}: {counts['records']} records ({counts['positives']} relevant, "
+                f"{counts['negatives']} not) from {counts['source_files']} files → {counts['path']}"
+            )
         return 0
     rubrics = tuple(r.strip() for r in args.rubrics.split(",") if r.strip())
-    summary = train_from_files(args.data, args.backbone, args.out, val_data=args.val_data,
-                               val_fraction=args.val_fraction, rubrics=rubrics, epochs=args.epochs,
-                               batch_size=args.batch_size, lr=args.lr, trainable_top_layers=args.trainable_top_layers,
-                               max_length=args.max_length, backbone_dtype=args.backbone_dtype, device=args.device,
-                               seed=args.seed, log=console.print)
+    summary = train_from_files(
+        args.data,
+        args.backbone,
+        args.out,
+        val_data=args.val_data,
+        val_fraction=args.val_fraction,
+        rubrics=rubrics,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        trainable_top_layers=args.trainable_top_layers,
+        max_length=args.max_length,
+        backbone_dtype=args.backbone_dtype,
+        device=args.device,
+        seed=args.seed,
+        log=console.print,
+    )
     best = summary.best_val.get("f1")
-    console.print(f"wrote {args.out}: {summary.steps} steps, best validation token F1 "
-                  f"{'-' if best is None else f'{best:.3f}'} (fused target: {summary.fused_target})")
+    console.print(
+        f"wrote {args.out}: {summary.steps} steps, best validation token F1 "
+        f"{'-' if best is None else f'{best:.3f}'} (fused target: {summary.fused_target})"
+    )
     return 0

@@ -27,9 +27,9 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import VkvError
-from .records import Record
-from .textlines import split_lines
+from vkv.backends.lamr.records import Record
+from vkv.backends.lamr.textlines import split_lines
+from vkv.errors import VkvError
 
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 
@@ -198,7 +198,9 @@ def _consecutive(statements: list[ast.stmt], config: CorpusConfig, header, rng: 
         goal = rng.randint(config.min_lines, config.max_lines)
         start = _span(statements[i])[0]
         j, end = i, _span(statements[i])[1]
-        while j + 1 < len(statements) and _span(statements[j + 1])[1] - start <= config.max_lines and end - start < goal:
+        while (
+            j + 1 < len(statements) and _span(statements[j + 1])[1] - start <= config.max_lines and end - start < goal
+        ):
             j += 1
             end = _span(statements[j])[1]
         chosen = statements[i : j + 1]
@@ -217,8 +219,9 @@ def _snippet(tree, lines, window: _Window, config: CorpusConfig, rng) -> tuple[s
     """(snippet code, line offset of the window inside it): imports + optional class header + window."""
     body_lines = lines[window.start : window.end]
     header_lines = lines[window.class_header[0] : window.class_header[1]] if window.class_header else []
-    used = {n.id for n in ast.walk(ast.parse(_dedent_safe("".join(header_lines + body_lines))))
-            if isinstance(n, ast.Name)}
+    used = {
+        n.id for n in ast.walk(ast.parse(_dedent_safe("".join(header_lines + body_lines)))) if isinstance(n, ast.Name)
+    }
     imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
     needed = [s for s in imports if _bound_names(s) & used]
     others = [s for s in imports if s not in needed]
@@ -280,7 +283,11 @@ def _targets(tree: ast.Module, lines: list[str], offset: int) -> list[_Target]:
         elif isinstance(node, ast.ClassDef):
             targets.append(_class_target(node, rng))
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _owner_of(node, tree) is None:
-            names = [t.id for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)]
+            names = [
+                t.id
+                for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                if isinstance(t, ast.Name)
+            ]
             if names and node.col_offset == 0:
                 span = range(node.lineno - 1, node.end_lineno)
                 targets.append(_Target("setting", rng.choice(_SETTING_QUERIES).format(name=names[0]), tuple(span)))
@@ -302,7 +309,7 @@ def _function_targets(node, tree, rng) -> list[_Target]:
     raises = [s for s in ast.walk(node) if isinstance(s, ast.Raise) and s.exc is not None]
     if raises:
         label = node.name if owner is None else f"{owner.name}.{node.name}"
-        raise_lines = sorted({l for s in raises for l in range(s.lineno - 1, s.end_lineno)})
+        raise_lines = sorted({line for s in raises for line in range(s.lineno - 1, s.end_lineno)})
         targets.append(_Target("errors", rng.choice(_RAISE_QUERIES).format(name=label), tuple(raise_lines)))
     return targets
 

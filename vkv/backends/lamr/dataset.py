@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .labels import TARGETS, LabelConfig, RubricLabels, rubric_labels
-from .model import LaMRConfig, RerankerBackbone
-from .prompt import Chunk, CodeTokens, make_chunks, tokenize_code
-from .records import Record
-from .textlines import LineIndex
+from vkv.backends.lamr.labels import TARGETS, LabelConfig, RubricLabels, rubric_labels
+from vkv.backends.lamr.model import LaMRConfig, RerankerBackbone
+from vkv.backends.lamr.prompt import Chunk, CodeTokens, make_chunks, tokenize_code
+from vkv.backends.lamr.records import Record
+from vkv.backends.lamr.textlines import LineIndex
 
 
 @dataclass
@@ -78,7 +78,7 @@ def cache_features(
     backbone: RerankerBackbone, encoded: EncodedSet, pad_id: int, batch_size: int = 4, progress=None
 ) -> None:
     """Run the frozen backbone once per example and keep its features (in the backbone's dtype)."""
-    from .inference import pad_batch
+    from vkv.backends.lamr.inference import pad_batch
 
     storage = next(backbone.model.parameters()).dtype  # features are exact in the dtype they came from
     device = next(backbone.model.parameters()).device

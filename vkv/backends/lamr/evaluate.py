@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .dataset import EncodedSet
-from .inference import chunk_scores, combine, select_lines
-from .model import LaMRModel
-from .repair import RepairConfig, render_selection, repair
-from .textlines import LineIndex
-from .train import _pad_id, forward, make_batch, prf
+from vkv.backends.lamr.dataset import EncodedSet
+from vkv.backends.lamr.inference import chunk_scores, combine, select_lines
+from vkv.backends.lamr.model import LaMRModel
+from vkv.backends.lamr.repair import RepairConfig, render_selection, repair
+from vkv.backends.lamr.textlines import LineIndex
+from vkv.backends.lamr.train import _pad_id, forward, make_batch, prf
 
 
 @dataclass
@@ -92,7 +92,7 @@ def evaluate(
 
 
 def _chunk_scores_by_record(model, encoded, batch_size, autocast):
-    from .inference import run_chunks
+    from vkv.backends.lamr.inference import run_chunks
 
     by_record: dict[int, list] = {}
     examples = encoded.examples

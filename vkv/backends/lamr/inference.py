@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .crf import KEEP
-from .model import LaMRModel, LaMROutput
-from .prompt import Chunk, CodeTokens, make_chunks, tokenize_code
-from .textlines import LineIndex
+from vkv.backends.lamr.crf import KEEP
+from vkv.backends.lamr.model import LaMRModel, LaMROutput
+from vkv.backends.lamr.prompt import Chunk, CodeTokens, make_chunks, tokenize_code
+from vkv.backends.lamr.textlines import LineIndex
 
 
 @dataclass
@@ -67,7 +67,9 @@ def chunk_scores(model: LaMRModel, output: LaMROutput, chunks: list[Chunk]) -> l
     result = []
     for row, chunk in enumerate(chunks):
         span = slice(chunk.code_start, chunk.code_start + chunk.code_len)
-        result.append(ChunkScores(chunk, decisions[row, span].astype(np.float64), posteriors[row, span], float(relevance[row])))
+        result.append(
+            ChunkScores(chunk, decisions[row, span].astype(np.float64), posteriors[row, span], float(relevance[row]))
+        )
     return result
 
 

@@ -19,12 +19,12 @@ imports as symbol edges (tssource.py); no definitions or call sites. Other text 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
-from .pysource import PySource, Unit
-from .textlines import split_lines
-from .tssource import TsSource, canonical_language, has_grammar, words_on
+from vkv.backends.lamr.pysource import PySource, Unit
+from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.lamr.tssource import TsSource, canonical_language, has_grammar, words_on
 
 TARGETS = ("teacher", "semantic", "dependency", "denoised")
 

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...errors import VkvError
-from .crf import LinearChainCRF
+from vkv.backends.lamr.crf import LinearChainCRF
+from vkv.errors import VkvError
 
 DEFAULT_BACKBONE = "Qwen/Qwen3-Reranker-0.6B"
 BACKBONE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,7 +62,7 @@ class LaMRConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "LaMRConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> LaMRConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -97,7 +97,9 @@ class EmissionHead(nn.Sequential):
     """LayerNorm → Linear → GELU → Dropout → Linear to (prune, keep) emissions (SWE-Pruner's layout)."""
 
     def __init__(self, width: int, hidden: int, dropout: float):
-        super().__init__(nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, 2))
+        super().__init__(
+            nn.LayerNorm(width), nn.Linear(width, hidden), nn.GELU(), nn.Dropout(dropout), nn.Linear(hidden, 2)
+        )
 
 
 class RubricGate(nn.Module):
@@ -220,7 +222,7 @@ def load_backbone(name: str, dtype: str = "float32", device: str | torch.device 
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from ...model import resolve_model_path
+    from vkv.lm.load import resolve_model_path
 
     path, local = resolve_model_path(name)
     torch_dtype = BACKBONE_DTYPES[dtype]
@@ -267,7 +269,7 @@ class LaMRModel(nn.Module):
     def device(self) -> torch.device:
         return next(self.head.parameters()).device
 
-    def train(self, mode: bool = True) -> "LaMRModel":
+    def train(self, mode: bool = True) -> LaMRModel:
         super().train(mode)
         self.backbone.eval()  # backbone dropout stays off even while its top layers learn (as SWE-Pruner)
         return self
@@ -292,7 +294,7 @@ def build_model(config: LaMRConfig, device: str | torch.device = "cpu", backbone
 
 def assemble(config: LaMRConfig, causal, tokenizer, device: str | torch.device = "cpu") -> LaMRModel:
     """LaMR around an already constructed causal LM (used by tests with a tiny random backbone)."""
-    from .prompt import answer_token_ids
+    from vkv.backends.lamr.prompt import answer_token_ids
 
     no_id, yes_id = answer_token_ids(tokenizer)
     backbone = RerankerBackbone(causal.base_model, answer_vectors(causal, no_id, yes_id), config.layer_fractions)

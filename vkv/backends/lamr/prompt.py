@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...errors import VkvError
+from vkv.errors import VkvError
 
 SYSTEM = (
-    'Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+    "Judge whether the Document meets the requirements based on the Query and the Instruct provided. "
     'Note that the answer can only be "yes" or "no".'
 )
 INSTRUCT = "Given a query, judge if the document(code) is related to query."
@@ -62,7 +62,9 @@ def answer_token_ids(tokenizer) -> tuple[int, int]:
         if token_id is None or token_id == tokenizer.unk_token_id:
             pieces = tokenizer(word, add_special_tokens=False)["input_ids"]
             if len(pieces) != 1:
-                raise VkvError(f"the backbone tokenizer has no single token for '{word}', which the relevance head needs")
+                raise VkvError(
+                    f"the backbone tokenizer has no single token for '{word}', which the relevance head needs"
+                )
             token_id = pieces[0]
         ids.append(int(token_id))
     return ids[0], ids[1]

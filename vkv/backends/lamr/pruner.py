@@ -13,12 +13,12 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import VkvError
-from ..base import PruneResult, token_budget
-from .inference import LineScores, score_lines, select_lines
-from .model import LaMRModel
-from .repair import RepairConfig, Repaired, render_selection, repair
-from .textlines import split_lines
+from vkv.backends.base import PruneResult, token_budget
+from vkv.backends.lamr.inference import LineScores, score_lines, select_lines
+from vkv.backends.lamr.model import LaMRModel
+from vkv.backends.lamr.repair import RepairConfig, Repaired, render_selection, repair
+from vkv.backends.lamr.textlines import split_lines
+from vkv.errors import VkvError
 
 
 @dataclass
@@ -54,17 +54,21 @@ class LaMR:
         threshold: float | None = None,
         repair: bool = True,
         backbone: str | None = None,
-    ) -> "LaMR":
+    ) -> LaMR:
         """A vkv LaMR checkpoint directory, or SWE-Pruner weights (their model.safetensors, its directory,
         or the hub id ayanami-kitasan/code-pruner); `backbone` overrides where the backbone is read from
         (for SWE-Pruner: its architecture and tokenizer, default Qwen/Qwen3-Reranker-0.6B)."""
-        from ...model import resolve_device
-        from .checkpoint import CONFIG_FILE, SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner
-        from .model import DEFAULT_BACKBONE
+        from vkv.backends.lamr.checkpoint import CONFIG_FILE, SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner
+        from vkv.backends.lamr.model import DEFAULT_BACKBONE
+        from vkv.lm.load import resolve_device
 
         path = Path(checkpoint).expanduser()
         ours = (path / CONFIG_FILE).is_file() or path.name == CONFIG_FILE
-        theirs = str(checkpoint) == SWE_PRUNER_HUB_ID or path.suffix == ".safetensors" or (path / "model.safetensors").is_file()
+        theirs = (
+            str(checkpoint) == SWE_PRUNER_HUB_ID
+            or path.suffix == ".safetensors"
+            or (path / "model.safetensors").is_file()
+        )
         dev = resolve_device(device)
         if not ours and theirs:
             model = load_swe_pruner(checkpoint, backbone=backbone or DEFAULT_BACKBONE, device=dev)
@@ -112,7 +116,9 @@ class LaMR:
         return PruneResult(chosen.repaired.text, chosen.repaired.kept, original, chosen.tokens, report)
 
     def _finish(self, text: str, kept: set[int], language: str) -> _Selection:
-        result = repair(text, kept, language, self.repair_config) if self.repair else render_selection(text, kept, language)
+        result = (
+            repair(text, kept, language, self.repair_config) if self.repair else render_selection(text, kept, language)
+        )
         return _Selection(result, self.count_tokens(result.text))
 
     def _fit_budget(self, text: str, scores: LineScores, language: str, limit: int) -> _Selection:

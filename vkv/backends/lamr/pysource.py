@@ -13,12 +13,21 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 
-from .textlines import split_lines
+from vkv.backends.lamr.textlines import split_lines
 
 _BODY_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
 _COMPOUND = (
-    ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.If, ast.For, ast.AsyncFor, ast.While,
-    ast.With, ast.AsyncWith, ast.Try, ast.Match,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.If,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.With,
+    ast.AsyncWith,
+    ast.Try,
+    ast.Match,
 ) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _TRIES = (ast.Try,) + ((ast.TryStar,) if hasattr(ast, "TryStar") else ())
@@ -29,11 +38,11 @@ class Scope:
     """A namespace: module, function or class body, with the units that bind each name in it."""
 
     kind: str  # "module" | "function" | "class"
-    parent: "Scope | None"
-    defs: dict[str, list["Unit"]] = field(default_factory=dict)
-    attrs: dict[str, list["Unit"]] = field(default_factory=dict)  # class scopes: self.<name> = ... sites
+    parent: Scope | None
+    defs: dict[str, list[Unit]] = field(default_factory=dict)
+    attrs: dict[str, list[Unit]] = field(default_factory=dict)  # class scopes: self.<name> = ... sites
 
-    def bind(self, name: str, unit: "Unit") -> None:
+    def bind(self, name: str, unit: Unit) -> None:
         self.defs.setdefault(name, []).append(unit)
 
 
@@ -49,7 +58,7 @@ class Unit:
     start: int
     end: int
     node: ast.AST
-    parent: "Unit | None"  # the header or clause whose suite holds this unit; None at module level
+    parent: Unit | None  # the header or clause whose suite holds this unit; None at module level
     scope: Scope
     uses: set[str] = field(default_factory=set)  # names loaded by this unit's own code
     self_attrs: set[str] = field(default_factory=set)  # attributes read through self./cls.
@@ -193,7 +202,10 @@ class PySource:
             self.companions[header] = clauses
         if isinstance(node, _FUNCTIONS):
             self.function_returns[header] = [
-                u for s in node.body if isinstance(s, ast.Return) for u in self.units_on_line[s.lineno - 1]
+                u
+                for s in node.body
+                if isinstance(s, ast.Return)
+                for u in self.units_on_line[s.lineno - 1]
                 if u.node is s
             ]
 
@@ -288,9 +300,7 @@ def _all_args(args: ast.arguments) -> list[str]:
 
 
 def _is_self_attr(node: ast.AST) -> bool:
-    return (
-        isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-    )
+    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
 
 
 def _collect_uses(unit: Unit, value) -> None:

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import VkvError
-from .textlines import split_lines
+from vkv.backends.lamr.textlines import split_lines
+from vkv.errors import VkvError
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def parse_record(line: str, where: str) -> Record:
 
 
 def write_records(path: str | Path, records: list[Record]) -> None:
-    from ...io import atomic_path
+    from vkv.io import atomic_path
 
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:

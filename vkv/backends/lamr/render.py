@@ -6,12 +6,26 @@ there (merged with the placeholder when the removed run follows directly), so Py
 
 from __future__ import annotations
 
-from .textlines import split_lines, strip_eol
+from vkv.backends.lamr.textlines import split_lines, strip_eol
 
 _HASH = {"python", "ruby", "shell", "bash", "sh", "yaml", "toml", "r", "perl", "makefile", "dockerfile"}
 _SLASH = {
-    "javascript", "typescript", "tsx", "java", "go", "rust", "c", "cpp", "c++", "csharp", "c#", "kotlin",
-    "scala", "swift", "php", "dart",
+    "javascript",
+    "typescript",
+    "tsx",
+    "java",
+    "go",
+    "rust",
+    "c",
+    "cpp",
+    "c++",
+    "csharp",
+    "c#",
+    "kotlin",
+    "scala",
+    "swift",
+    "php",
+    "dart",
 }
 _MARKUP = {"html", "xml", "markdown", "svg"}
 

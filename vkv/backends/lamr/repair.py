@@ -22,13 +22,13 @@ Anything else is rendered with placeholders only.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
 
-from .pysource import PySource, Unit
-from .render import render
-from .textlines import split_lines
-from .tssource import TsSource, canonical_language, has_grammar, words_on
+from vkv.backends.lamr.pysource import PySource, Unit
+from vkv.backends.lamr.render import render
+from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.lamr.tssource import TsSource, canonical_language, has_grammar, words_on
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,12 @@ Rule = Callable[[PySource, set[int], RepairConfig], set[int]]
 
 def _repair_python(source: PySource, kept: set[int], config: RepairConfig):
     rules: list[tuple[str, Rule]] = [("closure", _closure), ("enclosing", _enclosing), ("required", _required)]
-    optional = [("control_flow", _control_flow), ("imports", _imports), ("definitions", _definitions),
-                ("returns", _returns)]
+    optional = [
+        ("control_flow", _control_flow),
+        ("imports", _imports),
+        ("definitions", _definitions),
+        ("returns", _returns),
+    ]
     rules += [(name, rule) for name, rule in optional if getattr(config, name)]
     kept = set(kept)
     added: dict[str, set[int]] = {}
@@ -194,7 +198,9 @@ def _returns(source: PySource, kept: set[int], config: RepairConfig) -> set[int]
 
 def _body_without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
     first = body[0] if body else None
-    is_doc = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    is_doc = (
+        isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str)
+    )
     return body[1:] if is_doc else body
 
 

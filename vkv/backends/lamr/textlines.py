@@ -29,7 +29,7 @@ class LineIndex:
     starts: list[int]
 
     @classmethod
-    def of(cls, text: str) -> "LineIndex":
+    def of(cls, text: str) -> LineIndex:
         lines = split_lines(text)
         starts, offset = [], 0
         for line in lines:

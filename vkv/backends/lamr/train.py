@@ -18,16 +18,16 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
-from ...errors import VkvError
-from .crf import KEEP, LinearChainCRF
-from .dataset import EncodedSet, Example, cache_features
-from .inference import pad_batch
-from .model import LaMRModel, LaMROutput, gate_balance_loss
+from vkv.backends.lamr.crf import KEEP, LinearChainCRF
+from vkv.backends.lamr.dataset import EncodedSet, Example, cache_features
+from vkv.backends.lamr.inference import pad_batch
+from vkv.backends.lamr.model import LaMRModel, LaMROutput, gate_balance_loss
+from vkv.errors import VkvError
 
 LABELLED_RUBRICS = ("semantic", "dependency")
 
@@ -63,7 +63,9 @@ class TrainConfig:
         if len(rubrics) > 1:
             unknown = [r for r in rubrics if r not in LABELLED_RUBRICS]
             if unknown:
-                raise VkvError(f"rubrics {unknown} have no labels; with several rubrics use {', '.join(LABELLED_RUBRICS)}")
+                raise VkvError(
+                    f"rubrics {unknown} have no labels; with several rubrics use {', '.join(LABELLED_RUBRICS)}"
+                )
             if len(self.rubric_weights) != len(rubrics):
                 raise VkvError(f"rubric_weights has {len(self.rubric_weights)} values for {len(rubrics)} rubrics")
 
@@ -135,7 +137,10 @@ def loss_terms(model: LaMRModel, output: LaMROutput, batch: Batch, config: Train
         rubric_loss = fused.new_zeros(())
         for i, (name, weight) in enumerate(zip(rubrics, config.rubric_weights)):
             emissions = output.head.rubric_emissions[:, :, i].float()
-            rubric_loss = rubric_loss + weight * (model.head.crfs[name].nll(emissions, batch.targets[name], mask) / lengths).mean()
+            rubric_loss = (
+                rubric_loss
+                + weight * (model.head.crfs[name].nll(emissions, batch.targets[name], mask) / lengths).mean()
+            )
         terms["rubric"] = rubric_loss
         terms["gate"] = gate_balance_loss(output.head.gate.float(), mask)
     terms["score"] = ((output.relevance - batch.score) ** 2).mean()
@@ -183,7 +188,9 @@ def fit(
     """Train `model` in place; returns the summary and leaves the best epoch's weights loaded."""
     rubrics = model.head.rubrics
     config.check(rubrics)
-    summary = TrainSummary(config.fused_target(rubrics), len(train_set.examples), len(val_set.examples) if val_set else 0)
+    summary = TrainSummary(
+        config.fused_target(rubrics), len(train_set.examples), len(val_set.examples) if val_set else 0
+    )
     start = time.perf_counter()
     if model.backbone_frozen:
         sets = [s for s in (train_set, val_set) if s is not None and not s.cached]
@@ -285,7 +292,7 @@ def _restore(model: LaMRModel, state: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for key, value in state.items():
             if key.startswith("backbone."):
-                named[key[len("backbone."):]].copy_(value)
+                named[key[len("backbone.") :]].copy_(value)
 
 
 class _progress:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import importlib
 import re
-from functools import lru_cache
+from functools import cache
 
-from .textlines import split_lines
+from vkv.backends.lamr.textlines import split_lines
 
 _GRAMMARS = {
     "javascript": ("tree_sitter_javascript", "language"),
@@ -40,10 +40,28 @@ _IMPORT_KEYWORDS = {"import", "from", "use", "as", "static", "crate", "self", "s
 _PAIRS = {"(": ")", "[": "]", "{": "}"}
 # Nodes whose first line is not a header of what they hold (their parent's header is).
 _CONTAINERS = {
-    "statement_list", "block", "statement_block", "compound_statement", "declaration_list",
-    "field_declaration_list", "class_body", "interface_body", "enum_body", "switch_body", "program",
-    "source_file", "translation_unit", "expression_list", "argument_list", "arguments", "parameter_list",
-    "formal_parameters", "parameters", "literal_value", "object", "array",
+    "statement_list",
+    "block",
+    "statement_block",
+    "compound_statement",
+    "declaration_list",
+    "field_declaration_list",
+    "class_body",
+    "interface_body",
+    "enum_body",
+    "switch_body",
+    "program",
+    "source_file",
+    "translation_unit",
+    "expression_list",
+    "argument_list",
+    "arguments",
+    "parameter_list",
+    "formal_parameters",
+    "parameters",
+    "literal_value",
+    "object",
+    "array",
 }
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -55,7 +73,7 @@ def canonical_language(language: str | None) -> str | None:
     return _ALIASES.get(lang, lang)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parser(language: str):
     """A tree-sitter parser, or None when the grammar wheel (or tree-sitter itself) is not installed."""
     module_name, function = _GRAMMARS[language]

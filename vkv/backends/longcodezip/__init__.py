@@ -10,9 +10,9 @@ per chunk) · closure.py, render.py (syntax repair, placeholders) · pruner.py (
 TextPruner) · settings.py · source.py (reading a file) · cli.py (what `vkv prune` calls).
 """
 
-from .languages import LANGUAGES, detect_language, lookup_language
-from .pruner import LongCodeZip
-from .settings import LongCodeZipSettings
-from .source import read_source
+from vkv.backends.longcodezip.languages import LANGUAGES, detect_language, lookup_language
+from vkv.backends.longcodezip.pruner import LongCodeZip
+from vkv.backends.longcodezip.settings import LongCodeZipSettings
+from vkv.backends.longcodezip.source import read_source
 
 __all__ = ["LANGUAGES", "LongCodeZip", "LongCodeZipSettings", "detect_language", "lookup_language", "read_source"]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .document import Document
+from vkv.backends.longcodezip.document import Document
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ...errors import VkvError
-from ...io import write_json_atomic
-from ...model import DEFAULT_MODEL, FrozenLM, load_model
-from .languages import detect_language
-from .pruner import LongCodeZip
-from .settings import LongCodeZipSettings
-from .source import read_source
+from vkv.backends.longcodezip.languages import detect_language
+from vkv.backends.longcodezip.pruner import LongCodeZip
+from vkv.backends.longcodezip.settings import LongCodeZipSettings
+from vkv.backends.longcodezip.source import read_source
+from vkv.errors import VkvError
+from vkv.io import write_json_atomic
+from vkv.lm.frozen import FrozenLM
+from vkv.lm.load import DEFAULT_MODEL, load_model
 
 
 def prune_file(

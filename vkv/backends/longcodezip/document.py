@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .languages import LanguageSpec
+from vkv.backends.longcodezip.languages import LanguageSpec
 
 FREE = -1  # owner of a whitespace-only line
 
@@ -104,15 +104,13 @@ class UnitBuilder:
 
     def finish(self, messages: list[tuple[int, int]] | None = None) -> Document:
         owner = [FREE if not line.strip() else o for line, o in zip(self.lines, self.owner)]
-        return Document(
-            self.lines, self.language, self.units, owner, self.line_language, self.parse_errors, messages
-        )
+        return Document(self.lines, self.language, self.units, owner, self.line_language, self.parse_errors, messages)
 
 
 def parse_document(text: str, language: LanguageSpec) -> Document:
     """Split `text` into its unit tree: along the syntax tree for code, into lines for prose."""
-    from .prose import add_prose_units
-    from .syntax import add_syntax_units
+    from vkv.backends.longcodezip.prose import add_prose_units
+    from vkv.backends.longcodezip.syntax import add_syntax_units
 
     lines = split_lines(text)
     builder = UnitBuilder(lines, language)
@@ -125,7 +123,7 @@ def parse_document(text: str, language: LanguageSpec) -> Document:
 
 def parse_messages(messages: list[str], language: LanguageSpec) -> Document:
     """One document from a conversation: each message a unit of its own, its text split as prose."""
-    from .prose import add_prose_units
+    from vkv.backends.longcodezip.prose import add_prose_units
 
     text = "".join(m if m.endswith("\n") or not m else m + "\n" for m in messages)
     lines = split_lines(text)

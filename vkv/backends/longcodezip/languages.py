@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
-from ...errors import VkvError
+from vkv.errors import VkvError
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,7 @@ def detect_language(path: str | Path, override: str | None = None) -> LanguageSp
     return LANGUAGES["text"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def parser_for(name: str):
     """A tree-sitter parser for a language with a grammar (grammar wheels are imported on first use)."""
     import tree_sitter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from .document import UnitBuilder
-from .languages import LanguageSpec, fence_language
+from vkv.backends.longcodezip.document import UnitBuilder
+from vkv.backends.longcodezip.languages import LanguageSpec, fence_language
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 
@@ -41,7 +41,7 @@ def _closing_fence(lines: list[str], opening: int, marker: str) -> int:
 
 
 def _add_fence(builder, lines, offset, parent, i, close, info, spec) -> int:
-    from .syntax import add_syntax_units
+    from vkv.backends.longcodezip.syntax import add_syntax_units
 
     code = fence_language(info)
     fence = builder.add_unit(parent, offset + i, offset + close, "fence", info.strip() or "code", spec.name)

@@ -13,19 +13,19 @@ from functools import partial
 
 import numpy as np
 
-from ...errors import VkvError
-from ...model import FrozenLM
-from ..base import PruneResult, token_budget
-from .budget import greedy_select, retention_ratios
-from .chunking import Chunk, ChunkLimits, chunk_document
-from .closure import close_kept_lines
-from .document import Document, parse_document, parse_messages
-from .fine import FineChoice, FineStage, capacity_for
-from .languages import LANGUAGES, lookup_language
-from .render import render
-from .scoring import AmiResult, Scorer, ami_scores
-from .settings import LongCodeZipSettings
-from .tokens import count_tokens, encode, tokenize_lines
+from vkv.backends.base import PruneResult, token_budget
+from vkv.backends.longcodezip.budget import greedy_select, retention_ratios
+from vkv.backends.longcodezip.chunking import Chunk, ChunkLimits, chunk_document
+from vkv.backends.longcodezip.closure import close_kept_lines
+from vkv.backends.longcodezip.document import Document, parse_document, parse_messages
+from vkv.backends.longcodezip.fine import FineChoice, FineStage, capacity_for
+from vkv.backends.longcodezip.languages import LANGUAGES, lookup_language
+from vkv.backends.longcodezip.render import render
+from vkv.backends.longcodezip.scoring import AmiResult, Scorer, ami_scores
+from vkv.backends.longcodezip.settings import LongCodeZipSettings
+from vkv.backends.longcodezip.tokens import count_tokens, encode, tokenize_lines
+from vkv.errors import VkvError
+from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
@@ -199,7 +199,14 @@ class LongCodeZip:
         shared = {i: (chunk_tokens[i], nll) for i, nll in enumerate(ami.context_nll) if nll is not None}
         scorers = {"coarse": coarse, "lines": self._scorer(self.line_lm), "blocks": self._scorer(self.lm)}
         fine = FineStage(
-            doc, line_tokens, s.alpha, s.knapsack_resolution, scorers["blocks"], scorers["lines"], query_ids, separator,
+            doc,
+            line_tokens,
+            s.alpha,
+            s.knapsack_resolution,
+            scorers["blocks"],
+            scorers["lines"],
+            query_ids,
+            separator,
             shared,
         )
         return _Plan(doc, chunks, sizes, ami, fine, scorers, len(query_ids), time.perf_counter() - started)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .document import Document
-from .languages import LANGUAGES
+from vkv.backends.longcodezip.document import Document
+from vkv.backends.longcodezip.languages import LANGUAGES
 
 
 def render(doc: Document, kept: np.ndarray, statement_lines: set[int], start: int = 0, end: int | None = None) -> str:

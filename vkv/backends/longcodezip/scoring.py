@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...errors import VkvError
-from ...model import FrozenLM
-from .tokens import TokenizedLines
+from vkv.backends.longcodezip.tokens import TokenizedLines
+from vkv.errors import VkvError
+from vkv.lm.frozen import FrozenLM
 
 LN2 = math.log(2.0)
 

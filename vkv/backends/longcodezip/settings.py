@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ...errors import VkvError
+from vkv.errors import VkvError
 
 
 @dataclass(frozen=True)

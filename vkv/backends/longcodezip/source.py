@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import VkvError
+from vkv.errors import VkvError
 
 
 def read_source(path: str | Path) -> str:

@@ -7,8 +7,8 @@ any child sharing a line with them; the other children, grouped when they share 
 
 from __future__ import annotations
 
-from .document import UnitBuilder
-from .languages import LanguageSpec, parser_for
+from vkv.backends.longcodezip.document import UnitBuilder
+from vkv.backends.longcodezip.languages import LanguageSpec, parser_for
 
 _OPENERS = ("{", ":")  # the token ending a container's header, in order of preference
 

@@ -1,0 +1,138 @@
+"""Question-free distillation: tune virtual embeddings so that the frozen model, reading them instead of the
+span, predicts the same next tokens on probe text as it does when it reads the span itself.
+
+Probes never involve evaluation questions: `continuation` is the conversation's own next tokens after the
+span; `summary` is a generic request to summarise the conversation followed by the answer the model
+generates with the full span in view. The loss is KL(full ‖ compressed) averaged over probe tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vkv.errors import VkvError
+from vkv.kv.prefix import KVPrefix
+from vkv.lm.frozen import FrozenLM
+
+PROBES = ("continuation", "summary")
+SUMMARY_REQUEST = (
+    "Summarise the conversation so far. List every file, function, command, setting, value, error "
+    "and decision with its exact name."
+)
+
+
+@dataclass
+class DistillConfig:
+    steps: int = 0  # 0: no distillation stage
+    lr: float = 3e-3
+    probes: tuple[str, ...] = PROBES
+    probe_tokens: int = 64  # tokens scored per probe (the summary's request comes on top)
+
+    def validate(self) -> DistillConfig:
+        unknown = set(self.probes) - set(PROBES)
+        if unknown or not self.probes:
+            raise VkvError(f"distill probes must be a non-empty subset of {', '.join(PROBES)}, got {self.probes}")
+        if self.steps < 0 or not self.lr > 0 or self.probe_tokens < 1:
+            raise VkvError(f"distill needs steps ≥ 0, lr > 0 and probe_tokens ≥ 1, got {self}")
+        return self
+
+
+@dataclass
+class Probe:
+    ids: list[int]  # fed right after the span, at positions end, end + 1, ...
+    teacher: torch.Tensor  # [len(ids), vocab] float32 log-probabilities with the full span in view
+
+
+def summary_request_ids(tokenizer) -> list[int]:
+    """A user turn asking for a summary plus the assistant prompt, as the chat template renders it mid-chat."""
+    opening = [{"role": "user", "content": "-"}]
+    before = tokenizer.apply_chat_template(opening, tokenize=False)
+    after = tokenizer.apply_chat_template(
+        opening + [{"role": "user", "content": SUMMARY_REQUEST}], tokenize=False, add_generation_prompt=True
+    )
+    if not after.startswith(before):
+        raise VkvError(
+            "the chat template rewrites earlier messages when one is appended; use --distill-probes continuation"
+        )
+    return tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
+
+
+def build_probes(lm: FrozenLM, ids: list[int], end: int, teacher: KVPrefix, config: DistillConfig) -> list[Probe]:
+    """Probe token sequences and the full-context model's log-probabilities on them (no gradients)."""
+    sequences = []
+    if "continuation" in config.probes and end < len(ids):
+        sequences.append(list(ids[end : end + config.probe_tokens]))
+    if "summary" in config.probes:
+        request = summary_request_ids(lm.tokenizer)
+        sequences.append(request + _greedy(lm, teacher, end, request, config.probe_tokens))
+    if not sequences:
+        raise VkvError(
+            "distillation has no probe text: the span ends the conversation and only 'continuation' was asked for"
+        )
+    with torch.no_grad():
+        return [Probe(seq, _logprobs(lm, teacher, end, seq)) for seq in sequences]
+
+
+def distill(
+    lm: FrozenLM,
+    prefix: KVPrefix,
+    embeddings: torch.Tensor,
+    positions: torch.Tensor,
+    end: int,
+    probes: list[Probe],
+    config: DistillConfig,
+) -> tuple[torch.Tensor, list[float]]:
+    """Adam on embeddings `[k, hidden]` to minimise the mean KL over probes; returns the best and the loss trace."""
+    x = embeddings.detach().to(lm.device, torch.float32).clone().requires_grad_(True)
+    optimiser = torch.optim.Adam([x], lr=config.lr)
+    best, best_loss, trace = x.detach().clone(), math.inf, []
+    for step in range(config.steps + 1):
+        keys, values = lm.forward_kv(x[None].to(lm.dtype), positions, prefix)
+        spliced = KVPrefix(
+            [torch.cat([p, k], 2) for p, k in zip(prefix.keys, keys)],
+            [torch.cat([p, v], 2) for p, v in zip(prefix.values, values)],
+        )
+        loss = sum(_kl(probe.teacher, _logprobs(lm, spliced, end, probe.ids)) for probe in probes) / len(probes)
+        trace.append(float(loss.detach()))
+        if trace[-1] < best_loss:
+            best, best_loss = x.detach().clone(), trace[-1]
+        if step == config.steps or not math.isfinite(trace[-1]):
+            break
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([x], 1.0)
+        optimiser.step()
+    return best.cpu(), trace
+
+
+def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
+    return (teacher.exp() * (teacher - student)).sum(-1).mean()
+
+
+def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) -> torch.Tensor:
+    """Log-probabilities `[len(ids), vocab]` of the tokens after each of `ids`, fed at `position` on `context`."""
+    cache = context.to_dynamic_cache(lm)
+    n = len(ids)
+    out = lm.model(
+        input_ids=torch.tensor([ids], device=lm.device),
+        position_ids=torch.arange(position, position + n, device=lm.device, dtype=torch.float32)[None],
+        attention_mask=lm.causal_mask(context.length, n),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+
+def _greedy(lm: FrozenLM, context: KVPrefix, position: int, prompt: list[int], max_new: int) -> list[int]:
+    """The full-context model's own greedy answer to the prompt (stops at an end-of-turn token)."""
+    from vkv.kv.context import Context
+    from vkv.kv.segment import verbatim_segment
+    from vkv.kv.spliced import SplicedCache
+
+    spliced = SplicedCache()
+    spliced.append(verbatim_segment(context, 0, context.length))
+    spliced.next_position = position
+    return Context(lm, spliced).greedy(prompt, max_new)

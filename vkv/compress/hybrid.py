@@ -1,0 +1,253 @@
+"""Hybrid compression: keep a span's most distinctive tokens verbatim, compress the rest into virtual tokens.
+
+Failures at high ratios are specific tokens (`bcryptjs` → `bcrypt`) whose signal is diluted by pooling.
+A fraction of the span (default 15%) is therefore kept as real K/V entries at their original positions
+(exact RoPE, exactly what the model computed), chosen by
+
+- `v-uniqueness`: how far a token's V is from the mean V of its neighbours, relative to the layer's V
+  scale, averaged over layers (the seed's better signal: it picks content words), or
+- `surprisal`: −log p of the token (picks formatting markers and sub-word fragments too).
+
+The remaining tokens are pooled into virtual tokens optimised on top of the prefix plus the kept entries.
+Kept and virtual entries together meet the span's entry budget, so the achieved ratio counts both; the
+segment's loss is the virtual part's (kept entries are exact).
+
+Short spans: a verbatim share that is large next to the budget leaves the virtual tokens an extreme ratio
+(at 4.8×, 15% verbatim leaves 85% of the tokens to 5.8% of the entries). Rule: verbatim entries take at
+most `max_share` (default half) of the budget and at least one entry stays virtual; when the rule cuts the
+verbatim count, a ShortTurnWarning says so and the segment's stats record it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+
+from vkv.compress.autoratio import v_loss
+from vkv.compress.optimise import optimise
+from vkv.compress.pooling import block_weights, surprisal_scores
+from vkv.compress.positions import virtual_positions
+from vkv.compress.single import CompressConfig, span_blocks
+from vkv.compress.targets import build_targets
+from vkv.errors import VkvError
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment
+from vkv.lm.capture import Activations
+from vkv.lm.frozen import FrozenLM
+
+KEEP_BY = ("v-uniqueness", "surprisal")
+
+
+class ShortTurnWarning(UserWarning):
+    """The verbatim share was cut so the virtual tokens keep a workable part of a short span's budget."""
+
+
+@dataclass
+class HybridConfig:
+    fraction: float = 0.15  # share of the span's tokens to keep verbatim
+    keep_by: str = "v-uniqueness"
+    max_share: float = 0.5  # verbatim entries may take at most this share of the entry budget
+    neighbours: int = 2  # v-uniqueness compares a token with this many neighbours on each side
+
+    def validate(self) -> HybridConfig:
+        if self.keep_by not in KEEP_BY:
+            raise VkvError(f"unknown --keep-by '{self.keep_by}'; choose one of {', '.join(KEEP_BY)}")
+        if not 0.0 <= self.fraction < 1.0:
+            raise VkvError(f"--hybrid must be a fraction in [0, 1), got {self.fraction}")
+        if not 0.0 <= self.max_share < 1.0:
+            raise VkvError(f"the verbatim share of the budget must be in [0, 1), got {self.max_share}")
+        if self.neighbours < 1:
+            raise VkvError(f"v-uniqueness needs at least one neighbour on each side, got {self.neighbours}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HybridConfig:
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise VkvError(f"unknown hybrid setting(s): {', '.join(sorted(unknown))}")
+        return cls(**d).validate()
+
+
+# ---- which tokens stay verbatim -------------------------------------------------------------------
+
+
+def v_uniqueness(values: torch.Tensor, neighbours: int = 2) -> torch.Tensor:
+    """Per-token score `[n]`: distance of each token's V `[layers, heads, n, dim]` from the mean V of up to
+    `neighbours` tokens on each side, divided by the layer's RMS V norm, averaged over layers."""
+    layers, heads, n, dim = values.shape
+    if n < 2:
+        return torch.zeros(n)
+    v = values.permute(0, 2, 1, 3).reshape(layers, n, heads * dim).float()
+    total, count = torch.zeros_like(v), torch.zeros(n)
+    for offset in range(1, min(neighbours, n - 1) + 1):
+        total[:, offset:] += v[:, :-offset]
+        count[offset:] += 1
+        total[:, :-offset] += v[:, offset:]
+        count[:-offset] += 1
+    distance = (v - total / count[None, :, None]).norm(dim=-1)  # [layers, n]
+    scale = v.pow(2).sum(-1).mean(-1).sqrt().clamp_min(1e-8)  # [layers]
+    return (distance / scale[:, None]).mean(0).cpu()
+
+
+def keep_scores(acts: Activations, config: HybridConfig) -> torch.Tensor:
+    """Higher = more worth keeping verbatim, `[span]`."""
+    if config.keep_by == "surprisal":
+        return surprisal_scores(acts.surprisal.float())
+    return v_uniqueness(acts.values, config.neighbours)
+
+
+@dataclass(frozen=True)
+class VerbatimShare:
+    wanted: int  # fraction × span tokens
+    kept: int  # after the short-span rule
+    virtual: int  # entries left for virtual tokens
+
+    @property
+    def capped(self) -> bool:
+        return self.kept < self.wanted
+
+
+def verbatim_share(span_tokens: int, budget: int, config: HybridConfig) -> VerbatimShare:
+    """The explicit short-span rule: kept ≤ max_share × budget and at least one virtual entry."""
+    if not 1 <= budget <= span_tokens:
+        raise VkvError(f"an entry budget of {budget} does not fit a span of {span_tokens} tokens")
+    wanted = round(config.fraction * span_tokens)
+    kept = max(0, min(wanted, int(config.max_share * budget), budget - 1))
+    return VerbatimShare(wanted, kept, budget - kept)
+
+
+def choose_verbatim(acts: Activations, share: VerbatimShare, config: HybridConfig) -> torch.Tensor:
+    """Span-relative indices (sorted) of the tokens kept verbatim."""
+    if share.kept == 0:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.topk(keep_scores(acts, config), share.kept).indices.sort().values
+
+
+# ---- the segment ----------------------------------------------------------------------------------
+
+
+def hybrid_segment(
+    lm: FrozenLM,
+    ids: list[int],
+    acts: Activations,
+    span_kv: KVPrefix,
+    prefix: KVPrefix,
+    budget: int,
+    compress: CompressConfig,
+    config: HybridConfig,
+    message_starts: list[int] | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> Segment:
+    """`budget` entries for ids[acts.start:acts.end]: kept tokens' real K/V (`span_kv` holds the span's own
+    K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position."""
+    config.validate()
+    if compress.target in ("kv-post-rope", "v+attention"):
+        raise VkvError(
+            f"hybrid compression pools the remaining tokens out of order, so it supports targets "
+            f"v and kv-pre-rope, not {compress.target}"
+        )
+    start, end = acts.start, acts.end
+    share = verbatim_share(end - start, budget, config)
+    if share.capped:
+        warnings.warn(
+            f"tokens {start}-{end}: keeping {share.wanted} tokens verbatim ({config.fraction:.0%}) would "
+            f"take {share.wanted / budget:.0%} of the {budget}-entry budget; keeping {share.kept} so "
+            f"virtual tokens get at least {1 - config.max_share:.0%} of it",
+            ShortTurnWarning,
+            stacklevel=2,
+        )
+    kept = choose_verbatim(acts, share, config)
+    rest = _complement(kept, end - start)
+    kept_kv = KVPrefix([k[:, :, kept] for k in span_kv.keys], [v[:, :, kept] for v in span_kv.values])
+    virtual = _virtual_part(
+        lm, ids, acts, rest, share.virtual, _joined(prefix, kept_kv), compress, message_starts, on_step
+    )
+    return _assemble(lm, ids, acts, kept, kept_kv, virtual, share, config)
+
+
+@dataclass
+class _VirtualPart:
+    keys: torch.Tensor  # [layers, kv_heads, k, head_dim]
+    values: torch.Tensor
+    positions: torch.Tensor  # [k]
+    embeddings: torch.Tensor  # [k, hidden]
+    stats: dict[str, Any]
+    mass: torch.Tensor | None  # [k] tokens each virtual token stands for (None without proportional attention)
+
+
+def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
+    """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
+    gathered = Activations(acts.values[:, :, rest], acts.keys_pre_rope[:, :, rest], acts.surprisal[rest], 0, len(rest))
+    blocks = span_blocks(lm, ids, acts.start, acts.end, k, compress, gathered.surprisal, message_starts, tokens=rest)
+    weights = block_weights(compress.pooling, blocks, gathered.surprisal)
+    rest_ids = torch.tensor(ids)[acts.start + rest]
+    targets = build_targets(lm, rest_ids, gathered, blocks, weights, compress.target)
+    positions = virtual_positions(compress.positions, acts.start, acts.end, k, blocks.centres(acts.start + rest))
+    result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
+    with torch.no_grad():
+        keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
+    values = torch.cat(values).float().cpu()
+    per_layer = v_loss(values, targets)
+    stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
+    mass = blocks.sizes() if compress.proportional_attention else None
+    return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats, mass)
+
+
+def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:
+    kept_ids = [ids[acts.start + int(i)] for i in kept]
+    with torch.no_grad():
+        kept_embeddings = lm.embed(torch.tensor(kept_ids, dtype=torch.long)).float().cpu()
+    keys = torch.cat([torch.cat(kept_kv.keys).float().cpu(), virtual.keys], dim=2)
+    values = torch.cat([torch.cat(kept_kv.values).float().cpu(), virtual.values], dim=2)
+    positions = torch.cat([(kept + acts.start).float(), virtual.positions.float()])
+    embeddings = torch.cat([kept_embeddings.reshape(len(kept_ids), -1), virtual.embeddings])
+    order = positions.argsort(stable=True)
+    is_verbatim = torch.cat([torch.ones(len(kept_ids), dtype=torch.bool), torch.zeros(share.virtual, dtype=torch.bool)])
+    stats = {
+        **virtual.stats,
+        "keep_by": config.keep_by,
+        "verbatim_fraction": config.fraction,
+        "verbatim_kept": share.kept,
+        "verbatim_wanted": share.wanted,
+        "verbatim_capped": share.capped,
+        "virtual_entries": share.virtual,
+        "verbatim_entries": is_verbatim[order].nonzero()[:, 0].tolist(),
+        "verbatim_positions": (kept + acts.start).tolist(),
+        "verbatim_text": [lm.tokenizer.decode([t]) for t in kept_ids],
+    }
+    mass = None if virtual.mass is None else torch.cat([torch.ones(len(kept_ids)), virtual.mass])[order]
+    return Segment(
+        "virtual",
+        (acts.start, acts.end),
+        keys[:, :, order].contiguous(),
+        values[:, :, order].contiguous(),
+        positions[order],
+        embeddings[order],
+        stats,
+        mass=mass,
+    )
+
+
+def _complement(kept: torch.Tensor, n: int) -> torch.Tensor:
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[kept] = False
+    return mask.nonzero()[:, 0]
+
+
+def _joined(prefix: KVPrefix, extra: KVPrefix) -> KVPrefix:
+    """prefix ⊕ extra per layer (the extra entries in the prefix's device and dtype)."""
+    if not prefix.length:
+        return extra
+    if not extra.length:
+        return prefix
+    return KVPrefix(
+        [torch.cat([p, e.to(p.device, p.dtype)], dim=2) for p, e in zip(prefix.keys, extra.keys)],
+        [torch.cat([p, e.to(p.device, p.dtype)], dim=2) for p, e in zip(prefix.values, extra.values)],
+    )

@@ -1,0 +1,329 @@
+"""Sequential multi-turn compression: each turn becomes its own segment, appended to a running cache.
+
+Turn by turn, in order, the virtual tokens of a turn are optimised and their K/V computed on top of the
+running compressed cache (the entries that will precede them when the cache is used), so each virtual entry
+was computed with exactly the entries before it in view. What they are matched to is selectable:
+
+- `oracle`: the turn's V as the model computes it with the full uncompressed history (what the seed did);
+- `online`: the turn's V computed by feeding its real tokens on top of the running compressed cache (all a
+  live agent has: it never needs the uncompressed history).
+
+Entries a turn keeps verbatim (hybrid tokens; a turn no auto-ratio rung could compress) carry the K/V of
+the same view the targets come from. Each turn's segment records its loss and, when the full history is
+known, its target drift: how far the turn's V on top of the compressed history is from its V on top of the
+full one (variance-normalised MSE, averaged over layers). Loss that grows turn after turn is error
+accumulation; growing drift is the targets themselves moving as compressed context accumulates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
+from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.pooling import block_weights, num_virtual_tokens
+from vkv.compress.single import CompressConfig, span_blocks, virtual_segment
+from vkv.compress.targets import Targets, build_targets
+from vkv.errors import VkvError
+from vkv.kv.context import Context
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import Segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.capture import Activations, capture_span, projection_hooks
+from vkv.lm.frozen import FrozenLM
+
+TARGET_MODES = ("oracle", "online")
+
+
+@dataclass
+class MultiTurnConfig:
+    """How each turn is compressed: the core settings plus target mode, hybrid verbatim share, auto-ratio."""
+
+    compress: CompressConfig = field(default_factory=CompressConfig)
+    targets: str = "oracle"
+    hybrid: HybridConfig | None = None
+    auto_ratio: AutoRatioConfig | None = None
+
+    def validate(self) -> MultiTurnConfig:
+        if self.targets not in TARGET_MODES:
+            raise VkvError(f"unknown --targets '{self.targets}'; choose one of {', '.join(TARGET_MODES)}")
+        if self.compress.pooling == "attention":
+            raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
+        if self.compress.target == "v+attention":  # online targets would need queries from the compressed history
+            raise VkvError("target v+attention is not implemented for sequential compression; use v or kv-pre-rope")
+        self.compress.optim.validate()
+        if self.hybrid is not None:
+            self.hybrid.validate()
+        if self.auto_ratio is not None:
+            self.auto_ratio.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "compress": self.compress.to_dict(),
+            "targets": self.targets,
+            "hybrid": None if self.hybrid is None else self.hybrid.to_dict(),
+            "auto_ratio": None if self.auto_ratio is None else self.auto_ratio.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> MultiTurnConfig:
+        unknown = set(d) - {"compress", "targets", "hybrid", "auto_ratio"}
+        if unknown:
+            raise VkvError(f"unknown multi-turn setting(s): {', '.join(sorted(unknown))}")
+        return cls(
+            compress=CompressConfig.from_dict(d.get("compress", {})),
+            targets=d.get("targets", "oracle"),
+            hybrid=None if d.get("hybrid") is None else HybridConfig.from_dict(d["hybrid"]),
+            auto_ratio=None if d.get("auto_ratio") is None else AutoRatioConfig.from_dict(d["auto_ratio"]),
+        ).validate()
+
+
+@dataclass(frozen=True)
+class Turn:
+    """Messages [first, last) of a conversation occupying token ids [start, end)."""
+
+    first: int
+    last: int
+    role: str | None
+    start: int
+    end: int
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    @property
+    def label(self) -> str:
+        return str(self.first) if self.last == self.first + 1 else f"{self.first}-{self.last - 1}"
+
+
+def message_turns(message_starts: list[int], roles: list[str] | None, start: int, end: int) -> list[Turn]:
+    """One Turn per message overlapping token range [start, end) (the first may begin at `start`)."""
+    turns = []
+    for i, s in enumerate(message_starts):
+        e = message_starts[i + 1] if i + 1 < len(message_starts) else None
+        lo, hi = max(s, start), min(e if e is not None else end, end)
+        if lo < hi:
+            turns.append(Turn(i, i + 1, roles[i] if roles else None, lo, hi))
+    return turns
+
+
+# ---- what the model computes for a turn's real tokens --------------------------------------------
+
+
+@dataclass
+class TurnView:
+    """A turn's real tokens as the model computed them on top of some history."""
+
+    acts: Activations  # V, pre-RoPE K and surprisal over [start, end)
+    kv: KVPrefix  # the turn's own K/V, `[1, kv_heads, length, head_dim]` per layer
+
+    def verbatim(self) -> Segment:
+        return kv_segment(self.kv, self.acts.start)
+
+
+def kv_segment(kv: KVPrefix, start: int) -> Segment:
+    """A verbatim segment of K/V `[1, kv_heads, n, head_dim]` per layer for tokens [start, start + n)."""
+    keys = torch.cat(list(kv.keys)).float().cpu()
+    values = torch.cat(list(kv.values)).float().cpu()
+    return Segment(
+        "verbatim", (start, start + keys.shape[2]), keys, values, torch.arange(start, start + keys.shape[2]).float()
+    )
+
+
+class FullHistory:
+    """The uncompressed conversation: activations over [acts.start, acts.end) and K/V of every token before."""
+
+    def __init__(self, acts: Activations, kv: KVPrefix):
+        self.acts, self.kv = acts, kv
+
+    @classmethod
+    def capture(cls, lm: FrozenLM, ids: list[int], start: int, end: int) -> FullHistory:
+        acts, cache = capture_span(lm, ids, start, end, keep_cache=True)
+        return cls(acts, KVPrefix.from_cache(cache))
+
+    def view(self, turn: Turn) -> TurnView:
+        if not self.acts.start <= turn.start < turn.end <= self.acts.end:
+            raise VkvError(
+                f"tokens {turn.start}-{turn.end} lie outside the captured history {self.acts.start}-{self.acts.end}"
+            )
+        lo, hi = turn.start - self.acts.start, turn.end - self.acts.start
+        acts = Activations(
+            self.acts.values[:, :, lo:hi],
+            self.acts.keys_pre_rope[:, :, lo:hi],
+            self.acts.surprisal[lo:hi],
+            turn.start,
+            turn.end,
+        )
+        return TurnView(acts, kv_slice(self.kv, turn.start, turn.end))
+
+    def verbatim(self, turn: Turn) -> Segment:
+        """The turn's exact full-context K/V (for turns kept as they are)."""
+        segment = kv_segment(kv_slice(self.kv, turn.start, turn.end), turn.start)
+        segment.stats = turn_stats(turn)
+        return segment
+
+
+def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn, queries: bool = False) -> TurnView:
+    """Feed the turn's real tokens on top of the running cache (not changing it) and record what they give
+    (with `queries`, the turn's pre-RoPE queries too)."""
+    if cache.next_position != turn.start:
+        raise VkvError(
+            f"the running cache ends at position {cache.next_position}, not at the turn's start {turn.start}"
+        )
+    context = Context(lm, cache)
+    with projection_hooks(lm, 0, turn.length, queries) as store:
+        logits = context.feed(ids[turn.start : turn.end])
+    turn_ids = torch.tensor(ids[turn.start : turn.end])
+    nll = -torch.log_softmax(logits[:-1], -1).gather(-1, turn_ids[1:, None].to(logits.device))[:, 0].cpu()
+    surprisal = torch.cat([torch.full((1,), float("nan")), nll])  # the first token's predictor is not kept
+    values, keys = torch.stack(store["values"]), torch.stack(store["keys_pre_rope"])
+    acts = Activations(
+        values, keys, surprisal, turn.start, turn.end, torch.stack(store["queries_pre_rope"]) if queries else None
+    )
+    return TurnView(acts, _entries_after(context, context.base_length))
+
+
+def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: list[Turn]) -> None:
+    """Append turns as verbatim segments, each computed on top of everything before it (one cache copy)."""
+    if not turns:
+        return
+    context = Context(lm, cache)
+    for turn in turns:
+        if context.position != turn.start:
+            raise VkvError(
+                f"turn {turn.label} starts at token {turn.start}, but the cache continues at {context.position}"
+            )
+        before = context.length
+        context.feed(ids[turn.start : turn.end])
+        segment = kv_segment(_entries_after(context, before), turn.start)
+        segment.stats = turn_stats(turn)
+        cache.append(segment)
+
+
+def _entries_after(context: Context, length: int) -> KVPrefix:
+    """Views of the context's entries past `length` (what was fed since)."""
+    return kv_slice(KVPrefix.from_cache(context.cache), length, None)
+
+
+def kv_slice(kv: KVPrefix, start: int, end: int | None) -> KVPrefix:
+    """Views of entries [start, end) of every layer."""
+    return KVPrefix([k[:, :, start:end] for k in kv.keys], [v[:, :, start:end] for v in kv.values])
+
+
+def cache_prefix(cache: SplicedCache) -> KVPrefix:
+    return cache.kv() if cache.segments else KVPrefix([], [])
+
+
+def target_drift(online: TurnView, oracle: TurnView) -> float:
+    """Variance-normalised MSE between a turn's V on the compressed history and on the full one, layer mean."""
+    a, b = online.acts.values.float(), oracle.acts.values.float().to(online.acts.values.device)
+    per_layer = (a - b).pow(2).mean(dim=(1, 2, 3)) / b.reshape(b.shape[0], -1).var(dim=1).clamp_min(1e-8)
+    return float(per_layer.mean())
+
+
+# ---- budgets ---------------------------------------------------------------------------------------
+
+
+def allocate(lengths: list[int], ratio: float) -> list[int]:
+    """Entries per turn: the span's total budget (the rounding every method uses) shared in proportion to the
+    turns' lengths by largest remainder, at least one entry and at most the turn's length each."""
+    total = num_virtual_tokens(sum(lengths), ratio)
+    if total < len(lengths):
+        raise VkvError(
+            f"ratio {ratio} leaves {total} entries for {len(lengths)} turns, and each turn needs one; "
+            "lower the ratio or compress fewer, longer turns"
+        )
+    quotas = [length * total / sum(lengths) for length in lengths]
+    counts = [max(1, min(length, int(q))) for length, q in zip(lengths, quotas)]
+    while sum(counts) != total:
+        grow = sum(counts) < total
+        movable = [i for i, (c, n) in enumerate(zip(counts, lengths)) if (c < n if grow else c > 1)]
+        by_remainder = sorted(movable, key=lambda i: quotas[i] - counts[i], reverse=grow)
+        counts[by_remainder[0]] += 1 if grow else -1
+    return counts
+
+
+# ---- the loop --------------------------------------------------------------------------------------
+
+
+def turn_stats(turn: Turn) -> dict[str, Any]:
+    return {"turn": turn.label, "role": turn.role}
+
+
+def compress_turns(
+    lm: FrozenLM,
+    ids: list[int],
+    turns: list[Turn],
+    cache: SplicedCache,
+    config: MultiTurnConfig,
+    history: FullHistory | None = None,
+    message_starts: list[int] | None = None,
+    on_turn: Callable[[Turn, Segment], None] | None = None,
+) -> list[Segment]:
+    """Compress `turns` in order, appending each segment to `cache` (which must end where the first starts).
+
+    `history` (the uncompressed conversation over the turns) is required for oracle targets and gives the
+    target drift in either mode. Budgets: the ratio's total shared over the turns, or per turn by auto-ratio.
+    """
+    config.validate()
+    if config.targets == "oracle" and history is None:
+        raise VkvError("oracle targets need the full uncompressed history; use online targets without it")
+    budgets = (
+        [0] * len(turns)
+        if config.auto_ratio is not None
+        else allocate([t.length for t in turns], config.compress.ratio)
+    )
+    segments = []
+    for turn, budget in zip(turns, budgets):
+        online = view_on_cache(lm, cache, ids, turn)
+        oracle = history.view(turn) if history is not None else None
+        view = oracle if config.targets == "oracle" else online
+        segment = _turn_segment(lm, ids, turn, view, cache_prefix(cache), budget, config, message_starts)
+        segment.stats.update(
+            turn_stats(turn),
+            targets=config.targets,
+            loss=segment_loss(segment),
+            drift=None if oracle is None else target_drift(online, oracle),
+        )
+        cache.append(segment)
+        segments.append(segment)
+        if on_turn is not None:
+            on_turn(turn, segment)
+    return segments
+
+
+def turn_targets(
+    lm: FrozenLM,
+    ids: list[int],
+    acts: Activations,
+    entries: int,
+    config: CompressConfig,
+    message_starts: list[int] | None,
+) -> Targets:
+    """The targets `virtual_segment` optimises towards, rebuilt (deterministically) to measure its V loss."""
+    blocks = span_blocks(lm, ids, acts.start, acts.end, entries, config, acts.surprisal, message_starts)
+    weights = block_weights(config.pooling, blocks, acts.surprisal)
+    return build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
+
+
+def _turn_segment(
+    lm, ids, turn: Turn, view: TurnView, prefix: KVPrefix, budget: int, config: MultiTurnConfig, message_starts
+) -> Segment:
+    def build(entries: int) -> Segment:
+        if config.hybrid is not None:
+            return hybrid_segment(
+                lm, ids, view.acts, view.kv, prefix, entries, config.compress, config.hybrid, message_starts
+            )
+        exact = replace(config.compress, ratio=turn.length / entries)  # rounds back to exactly `entries`
+        segment = virtual_segment(lm, ids, view.acts, prefix, exact, message_starts)
+        return record_loss(segment, segment.values, turn_targets(lm, ids, view.acts, entries, exact, message_starts))
+
+    if config.auto_ratio is not None:
+        return choose_ratio(turn.length, build, view.verbatim, config.auto_ratio)
+    return build(budget)

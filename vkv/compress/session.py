@@ -1,0 +1,204 @@
+"""Session: a running compressed conversation for agent harnesses.
+
+    session = Session(lm, MultiTurnConfig(targets="online"))
+    session.append({"role": "user", "content": "..."})        # kept verbatim
+    session.compress(turns=(1, 11), ratio=2.0)                # messages 1..10, one segment each
+    session.ask("Which library hashes passwords?")            # answered from the running cache
+    session.save("s.safetensors"); Session.load("s.safetensors", lm)
+
+The session holds one segment per message (verbatim or compressed) and the token ids of the rendering; no
+uncompressed K/V survive a compression, so the cache's memory is proportional to its compressed size.
+Online targets need nothing else; oracle targets re-run the full uncompressed history once per compress
+call (transient memory and compute proportional to the history). Compression goes forward: the turns to
+compress must all come after the last compressed turn, and later verbatim turns are re-encoded on top.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vkv.compress.autoratio import segment_loss
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_turns
+from vkv.compress.single import CompressConfig
+from vkv.errors import VkvError
+from vkv.kv.context import Context
+from vkv.kv.file import cache_metadata, load_cache, read_header, save_cache
+from vkv.kv.report import cache_rows
+from vkv.kv.segment import Segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.frozen import FrozenLM
+from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Transcript, followup, parse_transcript
+
+
+class Session:
+    def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None):
+        self.lm = model
+        self.config = (config or MultiTurnConfig(targets="online")).validate()
+        self.format = ChatFormat(model.tokenizer)
+        self.messages: list[Message] = []
+        self.turns: list[Turn] = []
+        self.ids: list[int] = []
+        self.text = ""
+        self.cache = SplicedCache()
+
+    # ---- growing the conversation -------------------------------------------------------------------
+    def append(self, message: Message | dict) -> Turn:
+        """Add one message, kept verbatim: its K/V are computed on top of the running cache."""
+        return self.extend([message])[0]
+
+    def extend(self, messages: list[Message | dict]) -> list[Turn]:
+        """Add messages, each kept verbatim; the session changes only if all of them render and feed."""
+        parsed = [as_message(m, len(self.messages) + i) for i, m in enumerate(messages)]
+        turns, ids, text = self._rendering_with(parsed)
+        cache = SplicedCache(list(self.cache.segments), self.cache.next_position)
+        append_verbatim(self.lm, cache, ids, turns)
+        self.messages += parsed
+        self.turns += turns
+        self.ids, self.text, self.cache = ids, text, cache
+        return turns
+
+    def _rendering_with(self, messages: list[Message]) -> tuple[list[Turn], list[int], str]:
+        """Turns, ids and text of the conversation with `messages` appended (the session is not changed)."""
+        history, turns, ids, text = list(self.messages), [], self.ids, self.text
+        for message in messages:
+            index = len(history)
+            history.append(message)
+            try:
+                text = self.format.render_text([self.format.to_chat(m) for m in history])
+            except Exception as exc:  # jinja raises template-specific errors (e.g. role alternation)
+                raise VkvError(f"message {index}: the chat template refused it ({exc})") from exc
+            new_ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if new_ids[: len(ids)] != ids or len(new_ids) == len(ids):
+                raise VkvError(
+                    f"message {index}: the chat template re-renders earlier messages once it is added "
+                    "(or renders it to nothing), so the session cannot extend its cache"
+                )
+            turns.append(Turn(index, index + 1, message.role, len(ids), len(new_ids)))
+            ids = new_ids
+        return turns, ids, text
+
+    # ---- compressing ----------------------------------------------------------------------------------
+    def compress(self, turns: tuple[int, int] | None = None, ratio: float | None = None) -> list[Segment]:
+        """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
+        compressed one, the leading system message excepted) at `ratio` (default: the config's)."""
+        first, last = self._range(turns)
+        config = self.config
+        if ratio is not None:
+            if config.auto_ratio is not None:
+                raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
+            config = replace(config, compress=CompressConfig.from_dict({**config.compress.to_dict(), "ratio": ratio}))
+        span = self.turns[first:last]
+        cache = SplicedCache(self.cache.segments[:first], span[0].start)  # the session changes only on success
+        history = None
+        if config.targets == "oracle":
+            history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
+        segments = compress_turns(self.lm, self.ids, span, cache, config, history)
+        append_verbatim(self.lm, cache, self.ids, self.turns[last:])
+        self.cache = cache
+        return segments
+
+    def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
+        compressed = [i for i, s in enumerate(self.cache.segments) if s.kind != "verbatim"]
+        if turns is None:
+            system = 1 if self.messages and self.messages[0].role == "system" else 0
+            turns = (max([system] + [i + 1 for i in compressed]), len(self.turns))
+        first, last = turns
+        if not 0 <= first < last <= len(self.turns):
+            raise VkvError(f"turns {first}-{last - 1} are empty or outside the session's {len(self.turns)} messages")
+        later = [i for i in compressed if i >= first]
+        if later:
+            raise VkvError(f"message {later[0]} is already compressed; compress only messages after it")
+        return first, last
+
+    # ---- using the context ---------------------------------------------------------------------------
+    def ask(self, question: str, answer_prefix: str = "", max_new_tokens: int = 64) -> str:
+        """Greedy answer to a user question continuing the conversation (the session is not changed)."""
+        if not self.turns:
+            raise VkvError("the session is empty; append messages before asking")
+        tokenizer = self.lm.tokenizer
+        prompt, _ = followup(tokenizer, self.rendered(), self.transcript(), question, answer_prefix, self.format)
+        answer = Context(self.lm, self.cache).greedy(prompt, max_new_tokens)
+        return tokenizer.decode(answer, skip_special_tokens=True)
+
+    def transcript(self) -> Transcript:
+        return Transcript("session", tuple(self.messages), ())
+
+    def rendered(self) -> Rendered:
+        spans = [MessageSpan(t.first, t.role or "", t.start, t.end) for t in self.turns]
+        return Rendered(list(self.ids), spans, self.text)
+
+    def report(self) -> list[dict[str, Any]]:
+        """Per message: role, original tokens, entries kept, ratio, loss, verbatim tokens kept."""
+        return cache_rows(self.cache)
+
+    @property
+    def entries(self) -> int:
+        return self.cache.physical_length
+
+    @property
+    def losses(self) -> list[float]:
+        return [segment_loss(s) for s in self.cache.segments]
+
+    # ---- files ------------------------------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        meta = cache_metadata(
+            self.lm,
+            session={
+                "messages": [message_dict(m) for m in self.messages],
+                "config": self.config.to_dict(),
+                "tokens": len(self.ids),
+                "ids_sha256": ids_digest(self.ids),
+            },
+        )
+        save_cache(SplicedCache(self.cache.segments, self.cache.next_position, meta), path)
+
+    @classmethod
+    def load(cls, path: str | Path, model: FrozenLM) -> Session:
+        """Restore a saved session; refuses files of another model, plain caches and re-rendered messages."""
+        header = read_header(path)
+        if not isinstance(header.get("session"), dict):
+            raise VkvError(f"{path}: a vkv cache without a session field, so not a saved session")
+        saved = header["session"]
+        cache = load_cache(path, model)
+        session = cls(model, MultiTurnConfig.from_dict(saved.get("config", {})))
+        messages = [as_message(m, i) for i, m in enumerate(saved.get("messages", []))]
+        session.turns, session.ids, session.text = session._rendering_with(messages)
+        session.messages = messages
+        if ids_digest(session.ids) != saved.get("ids_sha256"):
+            raise VkvError(
+                f"{path}: field session.ids_sha256: this model's chat template renders the saved "
+                "messages to other tokens than when the session was saved"
+            )
+        spans = [tuple(s.span) for s in cache.segments]
+        if spans != [(t.start, t.end) for t in session.turns] or cache.next_position != len(session.ids):
+            raise VkvError(f"{path}: field segments: the segments do not match the session's messages one to one")
+        session.cache = SplicedCache(cache.segments, cache.next_position)
+        return session
+
+
+def as_message(message: Message | dict, index: int) -> Message:
+    """A validated Message from a Message or a transcript-style dict."""
+    if isinstance(message, Message):
+        return message
+    if not isinstance(message, dict):
+        raise VkvError(
+            f"message {index}: expected a Message or a dict with role and content, got {type(message).__name__}"
+        )
+    return parse_transcript({"id": "session", "messages": [message]}, source=f"message {index}").messages[0]
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    d: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        d["tool_calls"] = [{"name": c.name, "arguments": c.arguments} for c in message.tool_calls]
+    if message.name is not None:
+        d["name"] = message.name
+    return d
+
+
+def ids_digest(ids: list[int]) -> str:
+    return hashlib.sha256(json.dumps(ids).encode()).hexdigest()

@@ -1,0 +1,131 @@
+"""What the virtual tokens are optimised towards: pooled per-layer V (and optionally K) of a span, and
+optionally what later queries read from the span (attention outputs and log-normalisers per layer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vkv.compress.pooling import Blocks, pool
+from vkv.errors import VkvError
+from vkv.lm.capture import Activations
+from vkv.lm.frozen import FrozenLM
+
+TARGET_KINDS = ("v", "kv-pre-rope", "kv-post-rope", "v+attention")
+ATTENTION_QUERIES = 128  # reference queries per head: enough to pin the block's read-out, cheap next to the forward
+
+
+@dataclass
+class AttentionTargets:
+    """What a query arriving right after the span reads from it, per layer and KV head.
+
+    Reference queries are the span's own queries (question-free), moved to the position just after the span;
+    each sees the whole span. The virtual tokens must give each query the same read-out (`outputs`) and the
+    same total attention logit mass (`log_norm`), so that mixing with the prefix and later tokens is unchanged.
+    Query heads sharing a KV head are laid out as one query axis of length group * n, as `model.attend` does.
+    """
+
+    queries: torch.Tensor  # [layers, kv_heads, group * n, head_dim] post-RoPE, already scaled by 1/sqrt(head_dim)
+    outputs: torch.Tensor  # [layers, kv_heads, group * n, head_dim]
+    log_norm: torch.Tensor  # [layers, kv_heads, group * n] logsumexp of the scores over the span's keys
+    log_mass: torch.Tensor  # [k] added to each virtual token's logits (log of its block size, or zeros)
+    weight: float = 1.0  # of the read-out error, relative to the V loss
+
+    @property
+    def count(self) -> int:
+        return self.queries.shape[2]
+
+
+@dataclass
+class Targets:
+    """Pooled targets for k virtual tokens standing for original tokens [start, end)."""
+
+    kind: str
+    start: int
+    end: int
+    blocks: Blocks
+    weights: torch.Tensor  # [span] pooling weights, summing to 1 within each block
+    values: torch.Tensor  # [layers, kv_heads, k, head_dim]
+    value_scale: torch.Tensor  # [layers] variance of the original span's V: makes every layer count equally
+    keys: torch.Tensor | None  # [layers, kv_heads, k, head_dim], pre- or post-RoPE by kind; None for "v"
+    key_scale: torch.Tensor | None  # [layers]
+    pooled_embeddings: torch.Tensor  # [k, hidden] the same weights applied to the token embeddings
+    attention: AttentionTargets | None = None  # for kind "v+attention"
+
+    @property
+    def k(self) -> int:
+        return self.blocks.count
+
+
+def build_targets(
+    lm: FrozenLM,
+    ids: torch.Tensor,
+    acts: Activations,
+    blocks: Blocks,
+    weights: torch.Tensor,
+    kind: str = "v",
+    proportional_attention: bool = True,
+    attention_queries: int = ATTENTION_QUERIES,
+    attention_weight: float = 1.0,
+) -> Targets:
+    if kind not in TARGET_KINDS:
+        raise VkvError(f"unknown target '{kind}'; choose one of {', '.join(TARGET_KINDS)}")
+    values = pool(acts.values, blocks, weights, dim=2)
+    keys = key_scale = attention = None
+    if kind == "v+attention":
+        sizes = blocks.sizes()
+        log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
+        attention = attention_targets(lm, acts, log_mass, attention_queries, attention_weight)
+    elif kind != "v":
+        original_keys = acts.keys_pre_rope
+        if kind == "kv-post-rope":  # the recipe's Failure 2: averages keys rotated to different positions
+            original_keys = lm.rotate(original_keys, torch.arange(acts.start, acts.end))
+        keys = pool(original_keys, blocks, weights, dim=2)
+        key_scale = _per_layer_variance(original_keys)
+    with torch.no_grad():
+        span_embeddings = lm.embed(ids[acts.start : acts.end]).float().cpu()
+    return Targets(
+        kind=kind,
+        start=acts.start,
+        end=acts.end,
+        blocks=blocks,
+        weights=weights,
+        values=values,
+        value_scale=_per_layer_variance(acts.values),
+        keys=keys,
+        key_scale=key_scale,
+        pooled_embeddings=pool(span_embeddings, blocks, weights, dim=0),
+        attention=attention,
+    )
+
+
+def attention_targets(
+    lm: FrozenLM, acts: Activations, log_mass: torch.Tensor, num_queries: int, weight: float = 1.0
+) -> AttentionTargets:
+    """`AttentionTargets` from `num_queries` evenly spaced tokens of the span (every head of each)."""
+    if acts.queries_pre_rope is None:
+        raise VkvError("attention targets need the span's queries; capture the span with queries=True")
+    if num_queries < 1:
+        raise VkvError(f"attention targets need at least one reference query, got {num_queries}")
+    if not weight >= 0:
+        raise VkvError(f"the attention read-out weight must be ≥ 0, got {weight}")
+    picked = torch.linspace(0, acts.length - 1, min(num_queries, acts.length)).round().long().unique()
+    layers, heads, _, dim = acts.queries_pre_rope.shape
+    kv_heads = acts.values.shape[1]
+    after_span = torch.full((len(picked),), float(acts.end))
+    key_positions = torch.arange(acts.start, acts.end, dtype=torch.float32)
+    queries, outputs, log_norms = [], [], []
+    for layer in range(layers):  # one layer at a time: scores are [kv_heads, group * n, span]
+        q = lm.rotate(acts.queries_pre_rope[layer, :, picked].to(lm.device), after_span).float().cpu()
+        q = q.reshape(kv_heads, heads // kv_heads * len(picked), dim) * dim**-0.5
+        keys = lm.rotate(acts.keys_pre_rope[layer].to(lm.device), key_positions).float().cpu()
+        scores = q @ keys.transpose(-1, -2)
+        queries.append(q)
+        log_norms.append(scores.logsumexp(-1))
+        outputs.append(scores.softmax(-1) @ acts.values[layer])
+    return AttentionTargets(torch.stack(queries), torch.stack(outputs), torch.stack(log_norms), log_mass, weight)
+
+
+def _per_layer_variance(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0], -1).var(dim=1).clamp_min(1e-8)

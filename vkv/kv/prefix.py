@@ -1,0 +1,67 @@
+"""KVPrefix: read-only per-layer keys and values that new tokens attend to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from vkv.lm.frozen import FrozenLM
+
+
+@dataclass
+class KVPrefix:
+    """Read-only per-layer keys and values `[B, kv_heads, length, head_dim]` that new tokens attend to.
+
+    `valid` `[B, length]` (bool) marks real entries when prefixes of different lengths are padded into a
+    batch; None means all entries are real."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    valid: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+    @classmethod
+    def from_cache(cls, cache, length: int | None = None) -> KVPrefix:
+        """Views of the first `length` entries of a transformers cache (no copy)."""
+        keys = [layer.keys[:, :, :length] for layer in cache.layers]
+        values = [layer.values[:, :, :length] for layer in cache.layers]
+        return cls(keys, values)
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> KVPrefix:
+        """The same prefix on `device` in `dtype` (no copy when it already is)."""
+        valid = None if self.valid is None else self.valid.to(device)
+        return KVPrefix([k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid)
+
+    def to_dynamic_cache(self, lm: FrozenLM):
+        """A transformers DynamicCache holding these entries on the model's device and dtype (autograd-tracked
+        when the entries are)."""
+        cache = lm.new_cache()
+        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
+            cache.update(k.to(lm.device, lm.dtype), v.to(lm.device, lm.dtype), layer)
+        return cache
+
+    @classmethod
+    def stack(cls, prefixes: list[KVPrefix]) -> KVPrefix:
+        """One batch of prefixes, right-padded to the longest (a single copy, made once)."""
+        longest = max(p.length for p in prefixes)
+        if longest == 0:
+            return cls([], [])
+        layers = len(next(p for p in prefixes if p.length).keys)
+        sample = next(p for p in prefixes if p.length).keys[0]
+        heads, dim = sample.shape[1], sample.shape[3]
+        shape = (len(prefixes), heads, longest, dim)
+        keys = [sample.new_zeros(shape) for _ in range(layers)]
+        values = [sample.new_zeros(shape) for _ in range(layers)]
+        valid = torch.zeros(len(prefixes), longest, dtype=torch.bool, device=sample.device)
+        for b, p in enumerate(prefixes):
+            for layer in range(p.length and layers):
+                keys[layer][b, :, : p.length] = p.keys[layer][0]
+                values[layer][b, :, : p.length] = p.values[layer][0]
+            valid[b, : p.length] = True if p.valid is None else p.valid[0]
+        return cls(keys, values, None if bool(valid.all()) else valid)

@@ -1,0 +1,63 @@
+"""SplicedCache: an ordered list of K/V segments (verbatim or virtual) plus the next logical position.
+
+Physical length (entries in the cache) and logical position (where the next token sits on the RoPE axis)
+differ once a span is compressed: a span of 300 tokens may be 94 virtual entries, yet the next token still
+sits at the position it had in the uncompressed conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from vkv.errors import VkvError
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import KINDS, Segment
+
+if TYPE_CHECKING:
+    from vkv.lm.frozen import FrozenLM
+
+
+@dataclass
+class SplicedCache:
+    segments: list[Segment] = field(default_factory=list)
+    next_position: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def append(self, segment: Segment, next_position: int | None = None) -> None:
+        if segment.kind not in KINDS:
+            raise VkvError(f"unknown segment kind '{segment.kind}'")
+        if self.segments and segment.span[0] < self.segments[-1].span[1]:
+            raise VkvError(f"segment {segment.span} overlaps the previous one {self.segments[-1].span}")
+        self.segments.append(segment)
+        self.next_position = segment.span[1] if next_position is None else next_position
+
+    @property
+    def physical_length(self) -> int:
+        return sum(s.entries for s in self.segments)
+
+    def kv(self) -> KVPrefix:
+        """Per-layer concatenation of all segments, `[1, kv_heads, physical_length, head_dim]` each."""
+        layers = self.segments[0].keys.shape[0]
+        keys = [torch.cat([s.keys[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
+        values = [torch.cat([s.values[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
+        return KVPrefix(keys, values)
+
+    def attention_bias(self) -> torch.Tensor | None:
+        """log(mass) per entry `[physical_length]` (0 for entries without a mass); None when no segment has one."""
+        if all(s.mass is None for s in self.segments):
+            return None
+        return torch.cat([torch.zeros(s.entries) if s.mass is None else s.mass.float().log() for s in self.segments])
+
+    def to_dynamic_cache(self, lm: FrozenLM):
+        """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
+        return self.kv().to_dynamic_cache(lm) if self.segments else lm.new_cache()
+
+    def span_entries(self, start: int, end: int) -> int:
+        """Entries standing for original tokens inside [start, end)."""
+        return sum(s.entries for s in self.segments if start <= s.span[0] and s.span[1] <= end)
+
+    def table(self) -> list[dict[str, Any]]:
+        return [s.row() for s in self.segments]

@@ -1,0 +1,113 @@
+"""Load a causal LM frozen, in the precision asked for, on the device asked for."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vkv.errors import VkvError
+from vkv.lm.frozen import FrozenLM
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
+
+
+class _DropBitsandbytesNoise(logging.Filter):
+    """bitsandbytes logs on every int8 matmul that fp32 inputs are cast to fp16 (expected on CPU), and at
+    import that an optional 4-bit CPU kernel package is absent; both flood the output without news."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = str(record.msg)
+        return not msg.startswith(("MatMul8bitLt: inputs will be cast", "Failed to load CPU gemm_4bit_forward"))
+
+
+for _name in ("bitsandbytes.autograd._functions", "bitsandbytes.backends.cpu.ops"):
+    logging.getLogger(_name).addFilter(_DropBitsandbytesNoise())
+QUANTS = ("auto", "8bit", "4bit", "bf16", "fp16", "fp32")
+ATTENTION_IMPLEMENTATIONS = ("sdpa", "eager")  # never flash_attention_2: it infers packing from position ids
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise VkvError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise VkvError(f"device '{device}' was requested but CUDA is not available on this machine")
+    return resolved
+
+
+def resolve_quant(quant: str, device: torch.device) -> str:
+    if quant not in QUANTS:
+        raise VkvError(f"unknown quantisation '{quant}'; choose one of {', '.join(QUANTS)}")
+    if quant == "auto":
+        return "8bit" if device.type == "cuda" else "fp32"
+    return quant
+
+
+def resolve_model_path(name: str) -> tuple[str, bool]:
+    """Map an alias, a directory or a hub id to what from_pretrained takes; second item: is it local."""
+    from vkv.lm import zoo
+
+    if name in zoo.ZOO:
+        if not zoo.is_fetched(name):
+            raise VkvError(f"model '{name}' is not fetched yet; run `vkv models fetch {name}` first")
+        return str(zoo.model_path(name)), True
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise VkvError(f"model directory {path} has no config.json")
+        return str(path), True
+    if path.suffix or name.startswith((".", "/", "~")):
+        raise VkvError(f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a hub id")
+    return name, False
+
+
+def load_model(
+    name: str = DEFAULT_MODEL,
+    quant: str = "auto",
+    device: str | None = None,
+    attn_implementation: str = "sdpa",
+) -> FrozenLM:
+    """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise VkvError(f"attention implementation '{attn_implementation}' is not supported; use sdpa or eager")
+    dev = resolve_device(device)
+    q = resolve_quant(quant, dev)
+    path, local = resolve_model_path(name)
+    start = time.perf_counter()
+    kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, local_files_only=local)
+    kwargs.update(_quant_kwargs(q, dev))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # callers show their own status; per-tensor bars drown it
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as exc:
+        where = "directory" if local else "hub id (not available offline or in the Hugging Face cache)"
+        raise VkvError(f"could not load model '{name}' as a {where}: {str(exc).splitlines()[0]}") from exc
+    if q not in ("8bit", "4bit"):
+        model.to(dev)
+    return FrozenLM(model, tokenizer, name=name, quant=q, device=dev, load_seconds=time.perf_counter() - start)
+
+
+def _quant_kwargs(quant: str, device: torch.device) -> dict[str, Any]:
+    if quant in ("8bit", "4bit"):
+        from transformers import BitsAndBytesConfig
+
+        compute = torch.float32 if device.type == "cpu" else torch.bfloat16
+        if quant == "8bit":
+            bnb = BitsAndBytesConfig(load_in_8bit=True)
+        else:
+            bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute)
+        dtype = torch.float32 if device.type == "cpu" else torch.float16
+        return dict(quantization_config=bnb, dtype=dtype, device_map={"": str(device)})
+    return dict(dtype={"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[quant])

@@ -1,0 +1,675 @@
+"""`vkv report DIR`: tables, plots and report.md from a sweep's results files, and nothing else.
+
+Every number shown is read from DIR/results*.jsonl (merged across shards, each run once); failed runs come
+from DIR/errors*.jsonl. Rows are one method variant × requested ratio, pooled over windows, questions and
+seeds the way `vkv eval` pools them; a variant is a method plus the options that differ between its runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vkv.errors import VkvError
+
+REFERENCES = ("full", "none")
+PLOTS = {"quality": "quality_vs_ratio.png", "loss": "loss_curves.png", "heatmap": "question_heatmap.png"}
+
+
+@dataclass
+class SweepResults:
+    directory: Path
+    lines: list[dict]  # one per run: the sweep record with its eval JSON under "result"
+    errors: list[dict] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+
+def load(directory: str | Path) -> SweepResults:
+    from vkv.sweep import read_results
+
+    d = Path(directory)
+    files = sorted(p.name for p in d.glob("results*.jsonl")) if d.is_dir() else []
+    if not files:
+        raise VkvError(f"{d}: no results*.jsonl here; run `vkv sweep CONFIG --out {d}` first")
+    lines = [line for line in read_results(d) if isinstance(line.get("result"), dict)]
+    if not lines:
+        raise VkvError(f"{d}: the results files hold no finished runs yet")
+    _label(lines)
+    finished = {line["run_id"] for line in lines}
+    errors = [e for e in read_results(d, "errors*.jsonl", latest=True) if e.get("run_id") not in finished]
+    return SweepResults(d, lines, errors, files)
+
+
+# ---- variants and rows -----------------------------------------------------------------------------------
+
+
+def _label(lines: list[dict]) -> None:
+    """Set line["variant"]: the method plus the settings in which its runs differ (from each run's fully resolved
+    config and eval settings, seeds aside), and model/quant when the results hold more than one."""
+    models = {(line["run"]["model"], line["identity"]["quant"]) for line in lines}
+    by_method: dict[str, list[dict]] = defaultdict(list)
+    for line in lines:
+        by_method[line["run"]["method"]].append(line)
+    for method, group in by_method.items():
+        settings = [
+            _flat({"config": line["identity"].get("config"), "eval": line["identity"].get("eval")}) for line in group
+        ]
+        keys = sorted({k for s in settings for k in s})
+        varying = [k for k in keys if len({json.dumps(s.get(k)) for s in settings}) > 1]
+        names = {k: k.rsplit(".", 1)[-1] for k in varying}
+        if len(set(names.values())) < len(names):
+            names = {k: k.removeprefix("config.") for k in varying}
+        for line, flat in zip(group, settings):
+            parts = [method] + [f"{names[k]}={_short(flat.get(k))}" for k in varying]
+            if len(models) > 1:
+                parts.insert(0, f"{line['run']['model'].split('/')[-1]}/{line['identity']['quant']}")
+            line["variant"] = " ".join(parts)
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if k in ("seed", "ratio"):  # seeds are pooled; the ratio is a column
+            continue
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def groups(results: SweepResults) -> dict[tuple[str, float | None], list[dict]]:
+    """Sweep lines per (variant, requested ratio), in file order."""
+    grouped: dict[tuple, list[dict]] = defaultdict(list)
+    for line in results.lines:
+        grouped[(line["variant"], line["result"]["ratio_requested"])].append(line)
+    return grouped
+
+
+def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], float]:
+    """{(window, question id): metric} over these runs, seeds averaged; retention only for usable questions."""
+    per: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for line in lines:
+        result = line["result"]
+        for q in result["questions"]:
+            if metric == "retention" and (q["weak"] or q["retention"] is None):
+                continue
+            per[(result["transcript"], q["id"])].append(float(q[metric]))
+    return {k: sum(v) / len(v) for k, v in per.items()}
+
+
+def rows(results: SweepResults) -> list[dict[str, Any]]:
+    """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
+    intervals for retention and choice accuracy from a bootstrap over windows."""
+    from vkv.evals.intervals import window_bootstrap
+    from vkv.evals.metrics import mean
+    from vkv.evals.summary import aggregate
+
+    out = []
+    for (variant, _ratio), group in groups(results).items():
+        pooled = aggregate([{**g["result"], "method": variant} for g in group], by_transcript=False)[0]
+        losses = [g["result"]["optimisation"].get("best_loss") for g in group if g["result"].get("optimisation")]
+        retention = window_bootstrap(question_values(group, "retention"))
+        choice = window_bootstrap(question_values(group, "choice_correct"))
+        out.append(
+            {
+                **pooled,
+                "variant": variant,
+                "method": group[0]["run"]["method"],
+                "runs": len(group),
+                "seeds": len({g["seed"] for g in group}),
+                "retention_ci": (retention.low, retention.high) if retention else None,
+                "choice_ci": (choice.low, choice.high) if choice else None,
+                "compress_seconds": mean(g["result"]["seconds"] for g in group),
+                "run_seconds": mean(g["wall_seconds"] for g in group),
+                "final_loss": mean(x for x in losses if x is not None),
+                "peak_memory_mb": max(g["peak_memory_mb"] for g in group),
+            }
+        )
+    return sorted(out, key=_row_order)
+
+
+def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
+    """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
+    at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
+    on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval."""
+    from vkv.evals.intervals import paired_difference
+
+    grouped = groups(results)
+    matches = [key for key in grouped if key[0] == vs] or [
+        key for key in grouped if grouped[key][0]["run"]["method"] == vs
+    ]
+    if len({variant for variant, _ in matches}) != 1:
+        known = ", ".join(sorted({v for v, _ in grouped}))
+        what = "names no run" if not matches else "matches several variants; name one"
+        raise VkvError(f"--vs {vs}: {what} (variants: {known})")
+    references = {ratio: grouped[(variant, ratio)] for variant, ratio in matches}
+    out = []
+    for (variant, ratio), group in grouped.items():
+        reference = references.get(ratio) or (references.get(None) if len(references) == 1 else None)
+        if reference is None or (variant, ratio) in matches or group[0]["run"]["method"] in REFERENCES:
+            continue
+        diffs = {
+            metric: paired_difference(question_values(group, metric), question_values(reference, metric))
+            for metric in ("retention", "choice_correct")
+        }
+        out.append(
+            {
+                "variant": variant,
+                "ratio_requested": ratio,
+                "reference": reference[0]["variant"],
+                "retention": diffs["retention"],
+                "choice": diffs["choice_correct"],
+            }
+        )
+    return sorted(out, key=lambda r: (r["ratio_requested"] or 0.0, r["variant"]))
+
+
+DISTANCE_BUCKETS = (0, 128, 512, 2048)  # tokens between a question's nearest evidence and the span's end
+
+
+def _bucket(tokens: int) -> str:
+    edges = [*DISTANCE_BUCKETS, None]
+    for low, high in zip(edges, edges[1:]):
+        if high is None or tokens < high:
+            return f"{low}–{high - 1}" if high else f"≥{low}"
+    raise AssertionError("unreachable")
+
+
+def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict]:
+    """(columns, {(variant, ratio): {column: (mean retention, usable questions)}}) for `distance_tokens`
+    (bucketed) or `kind`; questions without the field are left out."""
+    from vkv.evals.metrics import mean
+
+    label = _bucket if field_name == "distance_tokens" else str
+    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for key, group in groups(results).items():
+        for line in group:
+            for q in line["result"]["questions"]:
+                if q.get(field_name) in (None, "") or q["weak"] or q["retention"] is None:
+                    continue
+                cells[key][label(q[field_name])].append(q["retention"])
+    if field_name == "distance_tokens":
+        order = [_bucket(b) for b in DISTANCE_BUCKETS]
+        columns = [c for c in order if any(c in row for row in cells.values())]
+    else:
+        columns = sorted({c for row in cells.values() for c in row})
+    return columns, {key: {c: (mean(v), len(v)) for c, v in row.items()} for key, row in cells.items()}
+
+
+def splits(results: SweepResults) -> list[str]:
+    """The transcript splits (dev/test) the runs were scored on; "unsplit" for transcripts outside them."""
+    return sorted({line["result"].get("split") or "unsplit" for line in results.lines})
+
+
+def _row_order(row: dict) -> tuple:
+    ref = REFERENCES.index(row["method"]) if row["method"] in REFERENCES else len(REFERENCES)
+    return ref, row["variant"], row["ratio_requested"] or 0.0
+
+
+COLUMNS = (  # (header, row key, format)
+    ("method", "variant", "s"),
+    ("ratio", "ratio_requested", ".1f"),
+    ("achieved", "ratio_achieved", ".2f"),
+    ("runs", "runs", "d"),
+    ("questions", "questions", "d"),
+    ("weak", "weak", "d"),
+    ("keyword acc", "keyword_accuracy", ".3f"),
+    ("choice acc", "choice_accuracy", ".3f"),
+    ("choice 95% CI", "choice_ci", "ci"),
+    ("retention", "mean_retention", ".3f"),
+    ("retention 95% CI", "retention_ci", "ci"),
+    ("fidelity KL", "fidelity_kl", ".4f"),
+    ("compress s", "compress_seconds", ".1f"),
+    ("run s", "run_seconds", ".1f"),
+    ("final loss", "final_loss", ".4f"),
+    ("peak MB", "peak_memory_mb", ".0f"),
+)
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return "—"
+    return f"[{value[0]:.3f}, {value[1]:.3f}]" if fmt == "ci" else format(value, fmt)
+
+
+def _difference(interval) -> str:
+    """`+0.042 [−0.010, +0.095] n.s.`: a paired difference, marked when its interval includes 0."""
+    if interval is None:
+        return "—"
+    mark = "" if interval.separable else " n.s."
+    return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]{mark}"
+
+
+PAIRED_COLUMNS = ("method", "ratio", "vs", "questions", "windows", "Δ retention [95% CI]", "Δ choice acc [95% CI]")
+
+
+def _paired_cells(row: dict) -> list[str]:
+    ret = row["retention"]
+    return [
+        row["variant"],
+        "—" if row["ratio_requested"] is None else f"{row['ratio_requested']:.1f}",
+        row["reference"],
+        str(ret.questions if ret else 0),
+        str(ret.windows if ret else 0),
+        _difference(ret),
+        _difference(row["choice"]),
+    ]
+
+
+def _breakdown_cells(columns: list[str], row: dict) -> list[str]:
+    return [f"{row[c][0]:.3f} ({row[c][1]})" if c in row and row[c][0] is not None else "—" for c in columns]
+
+
+def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
+    """(transcripts, (variant, ratio) rows in table order, {(variant, ratio, transcript): pooled row}): each
+    transcript's windows pooled as in `vkv eval`."""
+    from vkv.evals.summary import aggregate, base_transcript
+
+    grouped: dict[tuple, list[dict]] = defaultdict(list)
+    for line in results.lines:
+        result = line["result"]
+        grouped[(line["variant"], result["ratio_requested"], base_transcript(result))].append(result)
+    cells = {key: aggregate([{**r, "method": key[0]} for r in group])[0] for key, group in grouped.items()}
+    transcripts = sorted({key[2] for key in cells})
+    order = {(r["variant"], r["ratio_requested"]): i for i, r in enumerate(rows(results))}
+    keys = sorted({key[:2] for key in cells}, key=lambda k: order.get(k, len(order)))
+    return transcripts, keys, cells
+
+
+def per_question(results: SweepResults, metric: str = "keyword_correct") -> tuple[list[str], list[str], list[list]]:
+    """(columns, rows, fractions): per window/question, the share of runs answering correctly per variant × ratio.
+    Rows: questions the full context answers first, and among them those that survive most compression first,
+    so the facts that degrade first sit at the bottom of the known ones."""
+    from vkv.evals.metrics import mean
+
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    columns: dict[str, tuple] = {}
+    for line in results.lines:
+        r = line["result"]
+        column = line["variant"] + (f" {r['ratio_requested']:g}×" if r["ratio_requested"] else "")
+        columns[column] = _row_order(
+            {"method": line["run"]["method"], "variant": line["variant"], "ratio_requested": r["ratio_requested"]}
+        )
+        for q in r["questions"]:
+            cells[(f"{r['transcript']} / {q['id']}", column)].append(float(q[metric]))
+    cols = sorted(columns, key=columns.get)
+    names = sorted({name for name, _ in cells})
+    grid = [[mean(cells[(n, c)]) if (n, c) in cells else None for c in cols] for n in names]
+    full = [i for i, c in enumerate(cols) if c == "full"]
+    order = sorted(
+        range(len(names)),
+        key=lambda i: (-sum(grid[i][j] or 0.0 for j in full), -sum(v or 0.0 for v in grid[i]), names[i]),
+    )
+    return cols, [names[i] for i in order], [grid[i] for i in order]
+
+
+# ---- rich tables ------------------------------------------------------------------------------------------
+
+
+def print_tables(console, results: SweepResults, table_rows: list[dict], paired_rows: list[dict] | None = None) -> None:
+    from rich.table import Table
+
+    sweeps = ", ".join(sorted({line["sweep"] for line in results.lines}))
+    table = Table(
+        title=f"{sweeps}, split {'+'.join(splits(results))}: {len(results.lines)} runs (pooled over "
+        "windows, questions and seeds; 95% intervals resample windows)"
+    )
+    for header, _, _ in COLUMNS:
+        table.add_column(header, justify="left" if header == "method" else "right")
+    for row in table_rows:
+        table.add_row(*(_cell(row, key, fmt) for _, key, fmt in COLUMNS))
+    console.print(table)
+    if paired_rows:
+        diff = Table(
+            title="paired differences from the reference on shared questions (n.s.: the interval includes 0, "
+            "not separable)"
+        )
+        for header in PAIRED_COLUMNS:
+            diff.add_column(header, justify="left" if header in ("method", "vs") else "right")
+        for row in paired_rows:
+            diff.add_row(*_paired_cells(row))
+        console.print(diff)
+    for field_name, title in (
+        (
+            "distance_tokens",
+            "mean retention (usable questions) by tokens between the nearest evidence and the span's end",
+        ),
+        ("kind", "mean retention (usable questions) by question kind"),
+    ):
+        columns, cells = breakdown(results, field_name)
+        if not columns:
+            continue
+        by = Table(title=title)
+        by.add_column("method")
+        by.add_column("ratio", justify="right")
+        for c in columns:
+            by.add_column(c, justify="right")
+        for row in table_rows:
+            key = (row["variant"], row["ratio_requested"])
+            if key in cells:
+                by.add_row(row["variant"], _cell(row, "ratio_requested", ".1f"), *_breakdown_cells(columns, cells[key]))
+        console.print(by)
+    cols, names, grid = per_question(results)
+    if len(cols) <= 16:
+        q = Table(title="keyword-correct share per question (facts that degrade first at the bottom)")
+        q.add_column("window / question")
+        for c in cols:
+            q.add_column(c, justify="right")
+        for name, values in zip(names, grid):
+            q.add_row(name, *("—" if v is None else f"{v:.2f}" for v in values))
+        console.print(q)
+    for e in results.errors:
+        console.print(
+            f"[red]failed run[/] {e.get('unit', '')} {e.get('method', '')} {e.get('ratio') or ''}: {e.get('error')}",
+            highlight=False,
+        )
+
+
+# ---- plots -----------------------------------------------------------------------------------------------
+
+
+def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]:
+    """Write the PNGs that have data; returns their file names. Needs matplotlib (pip install 'vkv[plots]')."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: F401
+    except ImportError:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in (("quality", _plot_quality), ("loss", _plot_losses), ("heatmap", _plot_heatmap)):
+        if draw(results, table_rows, out / PLOTS[name]):
+            written.append(PLOTS[name])
+    return written
+
+
+def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    metrics = (
+        ("keyword_accuracy", "keyword accuracy"),
+        ("choice_accuracy", "choice accuracy"),
+        ("mean_retention", "mean retention"),
+    )
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharex=True)
+    curves = defaultdict(list)
+    for row in table_rows:
+        if row["method"] not in REFERENCES and row["ratio_achieved"]:
+            curves[row["variant"]].append(row)
+    if not curves:
+        plt.close(fig)
+        return False
+    for ax, (key, title) in zip(axes, metrics):
+        for variant, pts in sorted(curves.items()):
+            pts = sorted(pts, key=lambda r: r["ratio_achieved"])
+            ax.plot([p["ratio_achieved"] for p in pts], [p[key] for p in pts], marker="o", label=variant)
+        for ref, style in zip(REFERENCES, ("--", ":")):
+            values = [r[key] for r in table_rows if r["method"] == ref and r[key] is not None]
+            if values:
+                ax.axhline(
+                    values[0], color="grey", linestyle=style, label="full context" if ref == "full" else "no context"
+                )
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}×"))
+        ax.set_xlabel("achieved ratio (span tokens per entry)")
+        ax.set_title(title)
+        low = min([0.0] + [p[key] for pts in curves.values() for p in pts if p[key] is not None])
+        ax.set_ylim(low - 0.05, 1.05)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
+    import matplotlib.pyplot as plt
+
+    traced = defaultdict(list)
+    for line in results.lines:
+        if len(line["result"].get("loss_trace") or []) > 1:  # meanpool records only its initial loss
+            traced[line["variant"]].append(line)
+    if not traced:
+        return False
+    n = len(traced)
+    cols = min(3, n)
+    fig, axes = plt.subplots(
+        (n + cols - 1) // cols, cols, figsize=(5 * cols, 3.6 * ((n + cols - 1) // cols)), squeeze=False
+    )
+    ratios = sorted({line["result"]["ratio_requested"] for g in traced.values() for line in g})
+    colours = {r: plt.cm.viridis(0.85 * i / max(len(ratios) - 1, 1)) for i, r in enumerate(ratios)}
+    for ax, (variant, group) in zip(axes.flat, sorted(traced.items())):
+        shown = set()
+        for line in group:
+            ratio = line["result"]["ratio_requested"]
+            ax.plot(
+                line["result"]["loss_trace"],
+                color=colours[ratio],
+                alpha=0.7,
+                label=None if ratio in shown else f"{ratio:g}×",
+            )
+            shown.add(ratio)
+        ax.set_yscale("log")
+        ax.set_title(variant, fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    cols, names, grid = per_question(results)
+    if not names:
+        return False
+    data = np.array([[np.nan if v is None else v for v in row] for row in grid], dtype=float)
+    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(cols) + 4), max(3, 0.3 * len(names) + 2)))
+    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_title("keyword-correct share per question (facts that degrade first at the bottom)", fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ---- report.md -------------------------------------------------------------------------------------------
+
+
+def markdown(
+    results: SweepResults, table_rows: list[dict], images: list[str], paired_rows: list[dict] | None = None
+) -> str:
+    revisions = sorted(
+        {
+            (line["git"].get("revision") or "unknown")[:10] + ("+dirty" if line["git"].get("dirty") else "")
+            for line in results.lines
+        }
+    )
+    models = sorted(
+        {f"{line['run']['model']} ({line['identity']['quant']}, {line['device']})" for line in results.lines}
+    )
+    units = sorted({line["result"]["transcript"] for line in results.lines})
+    out = [
+        f"# Sweep report: {', '.join(sorted({line['sweep'] for line in results.lines}))}",
+        "",
+        f"{len(results.lines)} finished runs read from {', '.join(results.files)} in `{results.directory}`; every "
+        "number below comes from those files.",
+        "",
+        f"- transcript split: {', '.join(splits(results))}",
+        f"- models: {'; '.join(models)}",
+        f"- evaluated windows: {len(units)} ({', '.join(units)})",
+        f"- code revisions: {', '.join(revisions)}",
+        f"- failed runs: {len(results.errors)}",
+        "",
+        "## Results",
+        "",
+        "Pooled over windows, questions and seeds. 95% intervals come from a bootstrap that resamples windows (the "
+        "questions of one window are not independent). `compress s`: the method's own time per run; `run s`: wall "
+        "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU.",
+        "",
+        "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+        "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",
+    ]
+    out += ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
+    if paired_rows:
+        out += [
+            "",
+            f"## Paired differences from {paired_rows[0]['reference'].split()[0]}",
+            "",
+            "Method minus reference, question by question on the questions both were scored on, at the same "
+            "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable).",
+            "",
+            "| " + " | ".join(PAIRED_COLUMNS) + " |",
+            "|---|---:|---|---:|---:|---:|---:|",
+        ]
+        out += ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
+    for field_name, title, note in (
+        (
+            "distance_tokens",
+            "Retention by distance",
+            "Mean retention of usable questions (and their count) by the number of tokens between the question's "
+            "nearest evidence (its latest source turn in the span) and the end of the compressed span.",
+        ),
+        ("kind", "Retention by question kind", "Mean retention of usable questions (and their count)."),
+    ):
+        columns, cells = breakdown(results, field_name)
+        if columns:
+            out += [
+                "",
+                f"## {title}",
+                "",
+                note,
+                "",
+                "| method | ratio | " + " | ".join(columns) + " |",
+                "|---|---:|" + "---:|" * len(columns),
+            ]
+            out += [
+                f"| {r['variant']} | {_cell(r, 'ratio_requested', '.1f')} | "
+                + " | ".join(_breakdown_cells(columns, cells[(r["variant"], r["ratio_requested"])]))
+                + " |"
+                for r in table_rows
+                if (r["variant"], r["ratio_requested"]) in cells
+            ]
+    captions = {
+        PLOTS["quality"]: "## Quality vs achieved ratio\n\nDashed: full context; dotted: no context.",
+        PLOTS["loss"]: "## Optimisation loss curves",
+        PLOTS["heatmap"]: "## Which facts degrade first\n\nShare of runs whose greedy answer passes the keyword "
+        "check, per question and column; rows with the fewest correct cells are at the bottom.",
+    }
+    for image in images:
+        out += ["", captions[image], "", f"![{image}]({image})"]
+    if not images:
+        out += ["", "_No plots: install matplotlib (`pip install 'vkv[plots]'`)._"]
+    transcripts, keys, cells = per_transcript(results)
+    out += [
+        "",
+        "## Per transcript",
+        "",
+        "Mean retention / choice accuracy, each transcript's windows pooled.",
+        "",
+        "| method | ratio | " + " | ".join(transcripts) + " |",
+        "|---|---:|" + "---:|" * len(transcripts),
+    ]
+    for variant, ratio in keys:
+        row = [cells.get((variant, ratio, t)) for t in transcripts]
+        out.append(
+            f"| {variant} | {'—' if ratio is None else format(ratio, '.1f')} | "
+            + " | ".join(
+                "—" if c is None else f"{_cell(c, 'mean_retention', '.3f')} / {_cell(c, 'choice_accuracy', '.2f')}"
+                for c in row
+            )
+            + " |"
+        )
+    cols, names, grid = per_question(results)
+    out += [
+        "",
+        "## Per question (keyword-correct share)",
+        "",
+        "| window / question | " + " | ".join(cols) + " |",
+        "|---|" + "---:|" * len(cols),
+    ]
+    out += [
+        f"| {n} | " + " | ".join("—" if v is None else f"{v:.2f}" for v in vals) + " |" for n, vals in zip(names, grid)
+    ]
+    if results.errors:
+        out += ["", "## Failed runs", ""]
+        out += [
+            f"- {e.get('unit', '')} {e.get('method', '')} {e.get('ratio') or ''}: {e.get('error')}"
+            for e in results.errors
+        ]
+    return "\n".join(out) + "\n"
+
+
+# ---- command line ----------------------------------------------------------------------------------------
+
+
+def add_report_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dir", help="a sweep's --out directory")
+    p.add_argument("--out", help="where to write report.md and the PNGs (default: DIR/report)")
+    p.add_argument(
+        "--vs",
+        metavar="METHOD",
+        help="also show every method's paired difference from this reference "
+        "(a method, or a variant label as the table prints it), with 95%% intervals",
+    )
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vkv.io import write_text_atomic
+
+    console = Console()
+    if not console.is_terminal:  # piped or captured: wide enough for the tables
+        console = Console(width=200)
+    results = load(args.dir)
+    out = Path(args.out) if args.out else results.directory / "report"
+    table_rows = rows(results)
+    paired_rows = paired(results, args.vs) if args.vs else None
+    print_tables(console, results, table_rows, paired_rows)
+    images = plots(results, table_rows, out)
+    if not images:
+        console.print("[yellow]no plots: matplotlib is not installed (pip install 'vkv[plots]')[/]")
+    write_text_atomic(out / "report.md", markdown(results, table_rows, images, paired_rows))
+    console.print(f"wrote {out / 'report.md'}" + (f" and {', '.join(images)}" if images else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vkv report", description=__doc__.splitlines()[0])
+    add_report_args(parser)
+    try:
+        return run_report(parser.parse_args(argv))
+    except VkvError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

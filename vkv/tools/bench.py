@@ -1,0 +1,674 @@
+"""`vkv bench optimizer`: vkv's optimiser against a straightforward loop on the same span, in one run.
+
+The reference loop is what one writes first: every step clones the prefix cache, runs the whole model with
+its LM head, reads the new tokens' V back from the cache, and steps torch's Adam with the same loss, learning
+rate, clipping and pooled initialisation. vkv runs twice: with exactly those settings (the same trajectory,
+so the difference is the cost of a step) and with its defaults (also fewer steps), stopping once it reaches
+the reference's final loss. Because a shared machine's load drifts over minutes, one step of each (and
+the floor's matmuls) are also timed in alternation, round robin; those ratios are the robust ones. Next to
+them: the compute floor (the matmul FLOPs one step needs divided by the throughput measured on this machine
+at the step's shapes), peak working memory, the memory plan's estimate, and a profile of each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from vkv.compress.optimise import (
+    OptimConfig,
+    OptimResult,
+    _activation_dtype,
+    _autocast,
+    _Batch,
+    _uses_bf16,
+    layer_losses,
+    optimise,
+)
+from vkv.compress.targets import Targets
+from vkv.kv.prefix import KVPrefix
+from vkv.lm.frozen import FrozenLM
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SPANS = [  # a ~300-token span after a ~1400-token prefix; the fixture when the transcripts are absent
+    (ROOT / "transcripts" / "taskapi-express-sqlite.json", "turns:8-9"),
+    (ROOT / "tests" / "fixtures" / "mini-agent.json", "turns:3-7"),
+]
+
+
+# ---- the span ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Span:
+    transcript: str
+    start: int
+    end: int
+    prefix: KVPrefix  # views into the capture pass's cache, never modified
+    targets: Targets
+    positions: torch.Tensor
+
+    @property
+    def problem(self) -> tuple[KVPrefix, Targets, torch.Tensor]:
+        return self.prefix, self.targets, self.positions
+
+
+def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: float) -> Span:
+    """Render, capture the span's per-layer V and surprisal, pool the targets: what `vkv compress` does."""
+    from vkv.compress.pooling import block_weights, num_virtual_tokens, partition
+    from vkv.compress.positions import virtual_positions
+    from vkv.compress.targets import build_targets
+    from vkv.lm.capture import capture_span
+    from vkv.text.transcript import load_transcript, parse_turn_span, render
+
+    transcript = load_transcript(transcript_path)
+    rendered = render(transcript, lm.tokenizer)
+    start, end = rendered.token_span(*parse_turn_span(span, transcript))
+    ids = torch.tensor(rendered.ids)
+    acts, cache = capture_span(lm, ids, start, end, keep_cache=True)
+    k = num_virtual_tokens(end - start, ratio)
+    blocks = partition(end - start, k)
+    targets = build_targets(lm, ids, acts, blocks, block_weights("surprisal", blocks, acts.surprisal), "v")
+    positions = virtual_positions("interpolate", start, end, k)
+    return Span(str(transcript_path), start, end, KVPrefix.from_cache(cache, start), targets, positions)
+
+
+# ---- the reference loop -------------------------------------------------------------------------------
+
+
+def reference_losses(
+    lm: FrozenLM,
+    prefix: KVPrefix,
+    targets: Targets,
+    positions: torch.Tensor,
+    embeddings: torch.Tensor,
+    loss: str = "mse",
+) -> torch.Tensor:
+    """Per-layer losses `[layers]` computed the straightforward way: a clone of the prefix in a fresh cache,
+    the whole model with its LM head, the new tokens' K/V read back from the cache."""
+    cache = lm.new_cache()
+    for layer, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
+        cache.update(k.clone(), v.clone(), layer)
+    length, n = prefix.length, embeddings.shape[0]
+    lm.model(
+        inputs_embeds=embeddings[None].to(lm.device, lm.dtype),
+        past_key_values=cache,
+        position_ids=positions.to(lm.device).float()[None],
+        attention_mask=lm.causal_mask(length, n),
+        use_cache=True,
+    )
+    keys = [layer.keys[:, :, length:] for layer in cache.layers]
+    values = [layer.values[:, :, length:] for layer in cache.layers]
+    if targets.kind == "kv-pre-rope":
+        keys = [lm.rotate(k, positions, inverse=True) for k in keys]
+    return layer_losses(keys, values, targets, loss)
+
+
+def reference_optimise(
+    lm: FrozenLM,
+    prefix: KVPrefix,
+    targets: Targets,
+    positions: torch.Tensor,
+    steps: int,
+    lr: float,
+    clip: float = 1.0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> torch.Tensor:
+    """The straightforward loop: torch's Adam from the pooled embeddings; returns the final embeddings."""
+    embeddings = targets.pooled_embeddings.clone().to(lm.device).requires_grad_(True)
+    optimiser = torch.optim.Adam([embeddings], lr=lr)
+    for step in range(steps + 1):
+        loss = reference_losses(lm, prefix, targets, positions, embeddings).mean()
+        if on_step:
+            on_step(step, loss.item())
+        if step == steps:
+            break
+        optimiser.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([embeddings], clip)
+        optimiser.step()
+    return embeddings.detach()
+
+
+def vkv_loss_and_grad(
+    lm: FrozenLM,
+    prefix: KVPrefix,
+    targets: Targets,
+    positions: torch.Tensor,
+    embeddings: torch.Tensor,
+    config: OptimConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss vkv's optimiser minimises (mean over layers) and its gradient, through vkv's own forward."""
+    config = config or OptimConfig()
+    batch = _Batch.build(lm, [(prefix, targets, positions)], _activation_dtype(lm, config.precision))
+    leaf = embeddings[None].to(lm.device).float().requires_grad_(True)
+    with lm.compute_weights(torch.bfloat16 if _uses_bf16(lm, config.precision) else None):
+        with _autocast(lm, config.precision):
+            loss = batch.per_layer_losses(lm, leaf, config.loss, lm.spec.num_layers - 1).float().mean()
+        loss.backward()
+    return loss.detach(), leaf.grad[0]
+
+
+def vkv_step(lm: FrozenLM, span: Span, embeddings: torch.Tensor, config: OptimConfig) -> Callable[[], None]:
+    """One optimiser step's forward and backward, as `optimise` runs it (batch built and, in bf16, weights
+    copied once, outside the step)."""
+    batch = _Batch.build(lm, [span.problem], _activation_dtype(lm, config.precision))
+
+    def step():
+        leaf = embeddings[None].to(lm.device).float().requires_grad_(True)
+        with _autocast(lm, config.precision):
+            loss = batch.per_layer_losses(lm, leaf, config.loss, lm.spec.num_layers - 1).float().mean()
+        loss.backward()
+
+    return step
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+
+
+class StepClock:
+    """on_step callback recording when each step's loss was known."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def __call__(self, step: int, loss: float) -> None:
+        self.times.append(time.perf_counter() - self.start)
+        self.losses.append(loss)
+
+    @property
+    def seconds_per_step(self) -> float:
+        gaps = [b - a for a, b in zip(self.times, self.times[1:])]
+        return statistics.median(gaps) if gaps else float("nan")
+
+    def reached(self, target: float, rel_tol: float = 1e-4) -> tuple[int, float] | None:
+        """(step, seconds since start) of the first loss ≤ target (within float rounding of it)."""
+        for step, (t, loss) in enumerate(zip(self.times, self.losses)):
+            if loss <= target * (1 + rel_tol):
+                return step, t
+        return None
+
+
+def _rss_mb() -> tuple[float, float]:
+    status = Path("/proc/self/status").read_text()
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+    peak = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+    return rss, peak
+
+
+@contextmanager
+def working_memory(device: torch.device) -> Iterator[dict]:
+    """Peak memory the block adds on top of what was allocated before it, in MiB. CUDA: torch's allocator
+    peak. CPU (Linux): peak resident set size, reset before the block (freed heap returned to the OS first)."""
+    found: dict = {"mb": None}
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        yield found
+        torch.cuda.synchronize(device)
+        found["mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
+        base, _ = _rss_mb()
+    except OSError:
+        base = None
+    yield found
+    if base is not None:
+        found["mb"] = _rss_mb()[1] - base
+
+
+def saved_activation_mb(lm: FrozenLM, run: Callable[[], torch.Tensor], exclude: list[torch.Tensor]) -> float:
+    """MiB of distinct tensors autograd keeps for backward while `run()` builds its graph (weights, buffers
+    and `exclude`d tensors such as the stored prefix do not count: they exist anyway)."""
+    skip = {t.untyped_storage().data_ptr() for t in [*lm.model.parameters(), *lm.model.buffers(), *exclude]}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = run()
+    del out
+    return sum(kept.values()) / 2**20
+
+
+def interleaved_step_seconds(steps: dict[str, Callable[[], object]], rounds: int = 5) -> dict[str, float]:
+    """Median seconds of each step function, timed in alternation (round robin, after one warm-up each) so
+    that a machine whose load drifts slows every contender alike."""
+    for fn in steps.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ---- the compute floor ------------------------------------------------------------------------------
+
+
+def step_flops(lm: FrozenLM, n: int, width: int, last_layer: int | None = None) -> dict[str, int]:
+    """Matmul FLOPs of one optimisation step for n virtual tokens attending to `width` keys (prefix + n).
+
+    Forward: every layer before the deepest needed one in full, that one only to its V projection. Backward
+    with frozen weights needs input gradients only: one matmul per linear layer, and for attention the
+    queries' and the attention weights' gradients (plus the new keys' and values', n wide)."""
+    s = lm.spec
+    config = lm.model.config
+    last = s.num_layers - 1 if last_layer is None else last_layer
+    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    linear = s.hidden_size * (2 * q_out + 2 * kv_out) + 3 * s.hidden_size * config.intermediate_size
+    attention = 4 * s.num_heads * s.head_dim * width  # QKᵀ and PV, per token
+    forward = last * 2 * n * linear + last * n * attention + 2 * n * s.hidden_size * kv_out
+    backward = last * 2 * n * linear + last * n * (attention + 4 * s.num_heads * s.head_dim * n)
+    backward += 2 * n * s.hidden_size * kv_out
+    return {"forward": forward, "backward": backward, "total": forward + backward}
+
+
+def layer_matmuls(lm: FrozenLM, n: int, width: int, dtype: torch.dtype = torch.float32):
+    """(a function running every layer's forward matmuls of a step at their shapes — the linear layers with
+    n rows, the attention products over `width` keys — and their FLOPs)."""
+    s, dev = lm.spec, lm.device
+    intermediate = lm.model.config.intermediate_size
+    q_out, kv_out = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    groups = s.num_heads // s.num_kv_heads
+
+    def rand(*shape):
+        return torch.randn(*shape, device=dev, dtype=dtype)
+
+    x, up, attention_out = rand(n, s.hidden_size), rand(n, intermediate), rand(n, q_out)
+    weights = [rand(o, s.hidden_size) for o in (q_out, kv_out, kv_out, intermediate, intermediate)]
+    out_proj, mlp_out = rand(s.hidden_size, q_out), rand(s.hidden_size, intermediate)
+    q, keys = rand(s.num_kv_heads, groups * n, s.head_dim), rand(s.num_kv_heads, width, s.head_dim)
+    probs = rand(s.num_kv_heads, groups * n, width)
+    linear = torch.nn.functional.linear
+
+    def all_layers():  # as long as a forward pass, so that timing it is as noisy as timing a step
+        for _ in range(s.num_layers):
+            for w in weights:
+                linear(x, w)
+            linear(attention_out, out_proj)
+            linear(up, mlp_out)
+            q @ keys.transpose(-1, -2)
+            probs @ keys
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    flops = 2 * n * (s.hidden_size * (2 * q_out + 2 * kv_out) + 3 * s.hidden_size * intermediate)
+    return all_layers, s.num_layers * (flops + 4 * s.num_heads * s.head_dim * width * n)
+
+
+def peak_matmul(lm: FrozenLM, dtype: torch.dtype = torch.float32, size: int = 2048, repeats: int = 4):
+    """(a function running large square matmuls, their FLOPs): the machine's best case."""
+    a = torch.randn(size, size, device=lm.device, dtype=dtype)
+    b = torch.randn(size, size, device=lm.device, dtype=dtype)
+
+    def run():
+        for _ in range(repeats):
+            a @ b
+
+    return run, repeats * 2 * size**3
+
+
+def profile_step(run: Callable[[], None], rows: int = 14) -> tuple[str, dict[str, float]]:
+    """torch.profiler table of `run()` (self time per op) and the share of self time in matmul kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        run()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    matmul = sum(
+        e.self_cpu_time_total
+        for e in events
+        if e.key in ("aten::mm", "aten::bmm", "aten::addmm", "aten::_int_mm", "aten::baddbmm")
+    )
+    top = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
+    shares = {e.key: e.self_cpu_time_total / total for e in top}
+    shares["matmul (mm, bmm, addmm)"] = matmul / total
+    return events.table(sort_by="self_cpu_time_total", row_limit=rows), shares
+
+
+# ---- the benchmark --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    name: str
+    clock: StepClock
+    final_loss: float  # of the returned embeddings, evaluated in fp32 by vkv's loss
+    working_mb: float | None
+    saved_mb: float | None = None
+    stopped: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def row(self, target: float, reference_seconds: float) -> dict:
+        reached = self.clock.reached(target)
+        return {
+            "run": self.name,
+            "seconds_per_step": self.clock.seconds_per_step,
+            "steps_run": len(self.clock.losses) - 1,
+            "steps_to_reference_loss": reached[0] if reached else None,
+            "seconds_to_reference_loss": reached[1] if reached else None,
+            "time_to_loss_speedup": reference_seconds / reached[1] if reached and reached[1] > 0 else None,
+            "final_loss": self.final_loss,
+            "working_memory_mb": self.working_mb,
+            "saved_for_backward_mb": self.saved_mb,
+            "stopped": self.stopped,
+            **self.extra,
+        }
+
+
+def _eval_loss(lm: FrozenLM, span: Span, embeddings: torch.Tensor) -> float:
+    batch = _Batch.build(lm, [span.problem])
+    with torch.no_grad():
+        return float(
+            batch.per_layer_losses(lm, embeddings[None].to(lm.device).float(), "mse", lm.spec.num_layers - 1)
+            .float()
+            .mean()
+        )
+
+
+def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimConfig, log=print) -> dict:
+    """All runs for one loaded model; returns the JSON-ready record."""
+    from vkv.tools.memory import plan
+
+    n, width = span.targets.k, span.prefix.length + span.targets.k
+    prefix_tensors = span.prefix.keys + span.prefix.values
+    flops = step_flops(lm, n, width)
+
+    same = OptimConfig(
+        steps=steps, lr=lr, init="pooled", schedule="constant", patience=steps + 1, betas=(0.9, 0.999), precision="fp32"
+    )
+    defaults = _with(tuned, steps=max(steps * 2, tuned.steps))
+    default_precision = "bf16" if _uses_bf16(lm, defaults.precision) else "fp32"
+    log(f"  reference loop: {steps} steps")
+    clock = StepClock()
+    with working_memory(lm.device) as mem:
+        final = reference_optimise(lm, *span.problem, steps=steps, lr=lr, on_step=clock)
+    x = span.targets.pooled_embeddings.detach().to(lm.device)
+    saved = saved_activation_mb(
+        lm, lambda: reference_losses(lm, *span.problem, x.clone().requires_grad_()).mean(), prefix_tensors
+    )
+    runs = [Run("reference loop", clock, _eval_loss(lm, span, final), mem["mb"], saved, "steps", {"precision": "fp32"})]
+    target, reference_seconds = clock.losses[-1], clock.times[-1]
+
+    for name, config in (("vkv, reference settings", same), ("vkv, defaults", _with(defaults, target_loss=target))):
+        log(f"  {name}")
+        clock = StepClock()
+        with working_memory(lm.device) as mem:
+            result: OptimResult = optimise(lm, *span.problem, config, on_step=clock)
+        precision = "bf16" if _uses_bf16(lm, config.precision) else "fp32"
+        with lm.compute_weights(torch.bfloat16 if precision == "bf16" else None):  # exist anyway: not kept
+            copies = list((lm._weight_copies or {}).values()) if precision == "bf16" else []
+            saved = saved_activation_mb(
+                lm, lambda config=config: vkv_loss_and_grad(lm, *span.problem, x, config), prefix_tensors + copies
+            )
+        settings = {k: getattr(config, k) for k in ("init", "lr", "schedule", "betas")}
+        runs.append(
+            Run(
+                name,
+                clock,
+                _eval_loss(lm, span, result.embeddings),
+                mem["mb"],
+                saved,
+                result.stopped,
+                {"precision": precision, "config": settings},
+            )
+        )
+
+    def reference_step():
+        reference_losses(lm, *span.problem, x.clone().requires_grad_()).mean().backward()
+
+    log("  timing steps and the floor's matmuls in alternation, then profiling one step of each")
+    matmuls = {}
+    for precision in sorted({"fp32", default_precision}):
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        matmuls[precision] = (layer_matmuls(lm, n, width, dtype), peak_matmul(lm, dtype))
+    same_step, default_step = vkv_step(lm, span, x, same), vkv_step(lm, span, x, defaults)
+    with lm.compute_weights(torch.bfloat16 if default_precision == "bf16" else None):  # made once per run
+        interleaved = interleaved_step_seconds(
+            {
+                "reference loop": reference_step,
+                "vkv, reference settings": same_step,
+                "vkv, defaults": default_step,
+                **{f"matmuls {p}": m[0][0] for p, m in matmuls.items()},
+                **{f"peak {p}": m[1][0] for p, m in matmuls.items()},
+            }
+        )
+        profiles = {"vkv_defaults": profile_step(default_step)}
+    profiles["vkv_reference_settings"] = profile_step(same_step)
+    profiles["reference"] = profile_step(reference_step)
+    floors = {}
+    for precision, ((_, layer_flops), (_, peak_flops)) in matmuls.items():
+        at_shapes = layer_flops / interleaved[f"matmuls {precision}"]
+        peak = peak_flops / interleaved[f"peak {precision}"]
+        floors[precision] = {
+            "gflops_at_step_shapes": at_shapes / 1e9,
+            "gflops_peak": peak / 1e9,
+            "seconds_per_step": flops["total"] / at_shapes,
+            "seconds_per_step_at_peak": flops["total"] / peak,
+        }
+
+    estimate = plan(
+        lm.model.config,
+        quant=lm.quant,
+        window=span.end,
+        span=span.end - span.start,
+        ratio=(span.end - span.start) / n,
+        device=lm.device.type,
+        precision="fp32",
+    )
+    rows = []
+    reference_steps = len(runs[0].clock.losses) - 1
+    for run in runs:
+        row = run.row(target, reference_seconds)
+        step = interleaved[run.name]
+        row["interleaved_seconds_per_step"] = step
+        row["interleaved_step_speedup"] = interleaved["reference loop"] / step
+        row["step_over_floor"] = step / floors[row["precision"]]["seconds_per_step"]
+        reached = row["steps_to_reference_loss"]
+        row["interleaved_time_to_loss_speedup"] = (
+            reference_steps * interleaved["reference loop"] / (reached * step) if reached else None
+        )
+        rows.append(row)
+    return {
+        "quant": lm.quant,
+        "threads": torch.get_num_threads(),
+        "span": {
+            "transcript": span.transcript,
+            "tokens": [span.start, span.end],
+            "prefix": span.prefix.length,
+            "virtual_tokens": n,
+        },
+        "reference_final_loss": target,
+        "runs": rows,
+        "floor": {"gflop_per_step": flops["total"] / 1e9, **floors},
+        "plan": {
+            "activations_mb": estimate.activations / 2**20,
+            "optimisation_working_mb": estimate.optimisation_working / 2**20,
+            "weights_mb": estimate.weights / 2**20,
+            "measured_weights_mb": sum(p.numel() * p.element_size() for p in lm.model.parameters()) / 2**20,
+        },
+        "profile": {name: {"table": table, "shares": shares} for name, (table, shares) in profiles.items()},
+    }
+
+
+def _with(config: OptimConfig, **changes) -> OptimConfig:
+    from dataclasses import replace
+
+    return replace(config, **changes)
+
+
+def results_tables(records: list[dict]):
+    from rich.table import Table
+
+    runs = Table(title="vkv optimiser vs a straightforward loop (same span, same loss; one run)")
+    for col in (
+        "quant",
+        "run",
+        "precision",
+        "s/step in run",
+        "s/step alternating",
+        "step speedup",
+        "÷ floor",
+        "steps to ref. loss",
+        "s to ref. loss",
+        "time-to-loss speedup (wall)",
+        "time-to-loss speedup (steps × alternating s/step)",
+        "final loss (fp32)",
+        "working MiB",
+        "kept for backward MiB",
+    ):
+        runs.add_column(col, justify="left" if col in ("quant", "run", "precision") else "right")
+    for rec in records:
+        for r in rec["runs"]:
+            runs.add_row(
+                rec["quant"],
+                r["run"],
+                r["precision"],
+                _fmt(r["seconds_per_step"], 3),
+                _fmt(r["interleaved_seconds_per_step"], 3),
+                _fmt(r["interleaved_step_speedup"], 2, "×"),
+                _fmt(r["step_over_floor"], 2, "×"),
+                _fmt(r["steps_to_reference_loss"]),
+                _fmt(r["seconds_to_reference_loss"], 1),
+                _fmt(r["time_to_loss_speedup"], 2, "×"),
+                _fmt(r["interleaved_time_to_loss_speedup"], 2, "×"),
+                _fmt(r["final_loss"], 4),
+                _fmt(r["working_memory_mb"], 0),
+                _fmt(r["saved_for_backward_mb"], 0),
+            )
+    floor = Table(title="compute floor: matmul FLOPs of a vkv step ÷ this machine's matmul throughput")
+    for col in (
+        "quant",
+        "precision",
+        "GFLOP/step",
+        "GFLOP/s at step shapes",
+        "GFLOP/s peak",
+        "floor s/step",
+        "floor at peak",
+        "matmul share of vkv step",
+        "plan: working MiB (fp32)",
+    ):
+        floor.add_column(col, justify="left" if col in ("quant", "precision") else "right")
+    for rec in records:
+        f = rec["floor"]
+        for precision in ("fp32", "bf16"):
+            if precision not in f:
+                continue
+            profile = rec["profile"][
+                "vkv_defaults" if precision != "fp32" or "bf16" not in f else "vkv_reference_settings"
+            ]
+            floor.add_row(
+                rec["quant"],
+                precision,
+                _fmt(f["gflop_per_step"], 1),
+                _fmt(f[precision]["gflops_at_step_shapes"], 1),
+                _fmt(f[precision]["gflops_peak"], 1),
+                _fmt(f[precision]["seconds_per_step"], 3),
+                _fmt(f[precision]["seconds_per_step_at_peak"], 3),
+                _fmt(100 * profile["shares"]["matmul (mm, bmm, addmm)"], 0, "%"),
+                _fmt(rec["plan"]["optimisation_working_mb"], 0),
+            )
+    return runs, floor
+
+
+def _fmt(value, digits: int = 0, suffix: str = "") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int):
+        return f"{value}{suffix}"
+    return f"{value:.{digits}f}{suffix}"
+
+
+# ---- CLI entry ------------------------------------------------------------------------------------------
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m", help="alias, directory or hub id (default: the test model)")
+    p.add_argument("--quants", default="fp32,8bit", help="comma-separated quantisations to run, one model load each")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--transcript", default=None, help="default: a bundled transcript, else the test fixture")
+    p.add_argument("--span", default=None, help="turns:A-B (default: a ~300-token span after a long prefix)")
+    p.add_argument("--ratio", type=float, default=3.2)
+    p.add_argument("--steps", type=int, default=20, help="reference-loop steps; its final loss is the target")
+    p.add_argument("--lr", type=float, default=OptimConfig().lr)
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a small machine shared with other jobs, multi-threaded "
+        "small matmuls stall at their barriers)",
+    )
+    p.add_argument("--profile", action="store_true", help="also print the torch.profiler tables")
+    p.add_argument("--json", default="bench-optimizer.json", help="where to write the results")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vkv.io import write_json_atomic
+    from vkv.lm.load import load_model
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    torch.set_num_threads(args.threads)
+    transcript, span_spec = args.transcript, args.span
+    if transcript is None:
+        transcript, default_span = next((p, s) for p, s in DEFAULT_SPANS if p.is_file())
+        span_spec = span_spec or default_span
+    start = time.perf_counter()
+    records = []
+    for quant in [q.strip() for q in args.quants.split(",") if q.strip()]:
+        console.print(f"[bold]{args.model} {quant}[/] ({torch.get_num_threads()} thread(s))")
+        lm = load_model(args.model, quant=quant, device=args.device)
+        span = prepare_span(lm, transcript, span_spec or "turns:3-7", args.ratio)
+        console.print(
+            f"  span tokens {span.start}-{span.end} → {span.targets.k} virtual tokens on a "
+            f"{span.prefix.length}-token prefix"
+        )
+        records.append(bench_quant(lm, span, args.steps, args.lr, OptimConfig(), log=console.print))
+        del lm, span
+        gc.collect()
+    runs, floor = results_tables(records)
+    console.print(runs)
+    tuned = OptimConfig()
+    console.print(
+        f"vkv defaults: init {tuned.init}, Adam betas {tuned.betas}, lr {tuned.lr:g}, activations "
+        f"{tuned.precision} (bf16 on CUDA and on AMX CPUs for unquantised weights); every final loss is "
+        "evaluated in fp32. Reference settings: pooled init, betas (0.9, 0.999), fp32."
+    )
+    console.print(floor)
+    if args.profile:
+        for rec in records:
+            for name, profile in rec["profile"].items():
+                console.print(f"[bold]{rec['quant']}: one step, {name.replace('_', ' ')}[/]\n{profile['table']}")
+    seconds = time.perf_counter() - start
+    console.print(f"benchmark took {seconds:.0f} s")
+    write_json_atomic(args.json, {"model": args.model, "seconds": seconds, "records": records})
+    console.print(f"wrote {args.json}")
+    return 0

@@ -1,0 +1,387 @@
+"""Memory budget of one compression, computed from a model config: will it fit on this device?
+
+Two phases share the weights. The target pass runs the frozen model once over the window (no gradients):
+its KV cache, one layer's transient activations, the span's logits for surprisal, and the captured span
+V/K. The optimisation runs k virtual tokens through the layers the loss needs, keeping for backward what
+vkv's direct forward saves (counted tensor by tensor in `saved_elements_per_layer`, checked against
+measurement on the test model), next to the window's KV cache and the optimiser state. The peak is the
+weights plus the larger phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass
+
+from vkv.errors import VkvError
+
+GIB = 2**30
+
+# Architecture of the reference setup's model, so `vkv plan` needs neither the hub nor the weights.
+PRESETS = {
+    "Qwen/Qwen2.5-Coder-7B-Instruct": dict(
+        model_type="qwen2",
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+    ),
+}
+WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "8bit": 1.0, "4bit": 0.5}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What the budget depends on, read from a transformers config."""
+
+    model_type: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+    @classmethod
+    def from_config(cls, config) -> Shapes:
+        heads = config.num_attention_heads
+        return cls(
+            model_type=config.model_type,
+            layers=config.num_hidden_layers,
+            hidden=config.hidden_size,
+            intermediate=config.intermediate_size,
+            heads=heads,
+            kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            vocab=config.vocab_size,
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            qkv_bias=config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+            qk_norm=config.model_type == "qwen3",
+        )
+
+
+def load_config(model: str):
+    """A transformers config for a preset name, a vkv alias, a directory, or a cached hub id (never downloads)."""
+    from transformers import AutoConfig
+
+    if model in PRESETS:
+        settings = dict(PRESETS[model])
+        return AutoConfig.for_model(settings.pop("model_type"), **settings)
+    from vkv.lm.load import resolve_model_path
+
+    path, local = resolve_model_path(model)
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except OSError as exc:
+        known = ", ".join(PRESETS)
+        raise VkvError(f"no config for '{model}' on this machine (presets: {known}; or pass a directory)") from exc
+
+
+@dataclass
+class MemoryPlan:
+    model: str
+    quant: str
+    device: str
+    window: int  # tokens of context the compression sees: prefix + span
+    span: int
+    ratio: float
+    virtual_tokens: int
+    attention_width: int  # keys each virtual token attends to: prefix + virtual tokens
+    batch: int
+    precision: str  # of the optimisation's activations
+    weights: int  # bytes, like every field below
+    window_kv: int
+    target_pass: int  # transient, while computing targets
+    activations: int  # kept for backward during one optimisation step
+    step_transient: int  # largest temporaries of one step beyond what is kept
+    optimiser_state: int
+    capacity: int | None = None
+
+    @property
+    def target_phase(self) -> int:
+        return self.weights + self.window_kv + self.target_pass
+
+    @property
+    def optimisation_phase(self) -> int:
+        return self.weights + self.window_kv + self.activations + self.step_transient + self.optimiser_state
+
+    @property
+    def optimisation_working(self) -> int:
+        """What an optimisation run adds on top of the loaded model and the cached window."""
+        return self.activations + self.step_transient + self.optimiser_state
+
+    @property
+    def peak(self) -> int:
+        return max(self.target_phase, self.optimisation_phase)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            target_phase=self.target_phase,
+            optimisation_phase=self.optimisation_phase,
+            peak=self.peak,
+            fits=None if self.capacity is None else self.peak <= self.capacity,
+        )
+        return d
+
+    def rows(self) -> list[tuple[str, int, str]]:
+        s = self
+        return [
+            (
+                "weights",
+                s.weights,
+                f"{s.quant}: int8/nf4 linear layers, embeddings and norms unquantised"
+                if s.quant in ("8bit", "4bit")
+                else f"{s.quant} parameters",
+            ),
+            ("window KV cache", s.window_kv, f"{s.window} tokens × layers × K and V"),
+            (
+                "target pass (transient)",
+                s.target_pass,
+                f"one layer's activations over {s.window} tokens, "
+                f"the span's logits for surprisal, captured V/K of {s.span} tokens",
+            ),
+            (
+                "activations kept for backward",
+                s.activations,
+                f"{s.batch} × {s.virtual_tokens} virtual tokens, attention over {s.attention_width} keys",
+            ),
+            (
+                "step transient",
+                s.step_transient,
+                "attention-weight gradients of one layer"
+                + (", one dequantised weight" if s.quant in ("8bit", "4bit") else "")
+                + (", bf16 copies of the linear weights" if s.precision == "bf16" and s.quant == "fp32" else ""),
+            ),
+            ("optimiser state", s.optimiser_state, "fp32 embeddings, step copy, gradient, Adam m and v, best copy"),
+            (
+                "peak: weights + KV + the larger phase",
+                s.peak,
+                "target pass" if s.target_phase >= s.optimisation_phase else "optimisation",
+            ),
+        ]
+
+
+def weight_bytes(shapes: Shapes, quant: str, unquantised_bytes: int) -> int:
+    """Parameters as loaded: linear layers at the quantisation; embeddings, LM head and norms in the
+    unquantised dtype (bitsandbytes keeps them so; int8 adds a per-row fp32 scale)."""
+    s = shapes
+    q_out, kv_out = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    linear_shapes = [
+        (s.hidden, q_out),
+        (s.hidden, kv_out),
+        (s.hidden, kv_out),
+        (q_out, s.hidden),
+        (s.hidden, s.intermediate),
+        (s.hidden, s.intermediate),
+        (s.intermediate, s.hidden),
+    ]
+    linear = sum(i * o for i, o in linear_shapes) * s.layers
+    rows = sum(o for _, o in linear_shapes) * s.layers
+    other = s.vocab * s.hidden * (1 if s.tied_embeddings else 2)
+    other += s.layers * (
+        2 * s.hidden + (q_out + 2 * kv_out if s.qkv_bias else 0) + (2 * s.head_dim if s.qk_norm else 0)
+    )
+    other += s.hidden  # final norm
+    if quant == "8bit":
+        linear_total = linear * 1 + rows * 4
+    elif quant == "4bit":
+        linear_total = linear * 0.5 + linear / 64 * 4  # nf4 with one fp32 absmax per 64-value block
+    else:
+        linear_total = linear * WEIGHT_BYTES[quant]
+    return int(linear_total + other * unquantised_bytes)
+
+
+def saved_elements_per_layer(shapes: Shapes, n: int, width: int, quant: str) -> dict[str, int]:
+    """Elements autograd keeps per decoder layer in vkv's direct forward (frozen weights: only what input
+    gradients need), for n tokens attending to `width` keys. int8 layers also keep each linear's input."""
+    s = shapes
+    d, q_out, kv_out = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
+    counts = {
+        "residual": 2 * n * d,  # the two RMSNorm inputs
+        "projections": 2 * n * q_out + 2 * n * kv_out,  # scaled queries, attention output; keys, values
+        "attention_weights": s.heads * n * width,  # exp(scores - shift), prefix and new keys
+        "mlp": 3 * n * s.intermediate,  # gate, its SiLU, up
+    }
+    if quant in ("8bit", "4bit"):
+        counts["int8_inputs"] = 2 * n * d + n * q_out + n * s.intermediate
+    return counts
+
+
+def plan(
+    config,
+    quant: str = "8bit",
+    window: int = 4096,
+    ratio: float = 3.2,
+    span: int | None = None,
+    device: str = "cuda",
+    batch: int = 1,
+    capacity_gib: float | None = None,
+    name: str = "",
+    precision: str = "auto",
+) -> MemoryPlan:
+    """The memory budget of compressing `span` tokens (default: the whole window) at `ratio`, with the
+    window's KV cache in memory, on `device`. `precision` of the optimisation's activations as in
+    `OptimConfig` (auto: bf16 on CUDA, and on a CPU with AMX for unquantised weights; else fp32)."""
+    if quant not in WEIGHT_BYTES:
+        raise VkvError(f"unknown quantisation '{quant}'; choose one of {', '.join(WEIGHT_BYTES)}")
+    span = window if span is None else span
+    if not 0 < span <= window or ratio < 1:
+        raise VkvError(f"need 0 < span ≤ window and ratio ≥ 1, got span={span}, window={window}, ratio={ratio}")
+    s = Shapes.from_config(config)
+    cuda = device.startswith("cuda")
+    unquantised = 2 if cuda or quant in ("bf16", "fp16") else 4  # bitsandbytes on CUDA loads fp16 around int8
+    if precision == "auto":
+        from vkv.compress.optimise import cpu_has_amx
+
+        precision = "bf16" if cuda or (quant in ("fp32", "bf16", "fp16") and cpu_has_amx()) else "fp32"
+    activation = 2 if precision == "bf16" else 4
+    n = max(1, round(span / ratio))
+    width = window - span + n
+
+    kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * unquantised
+    target_pass = (
+        3 * window * s.intermediate * activation  # the widest activations of one layer (gate, up, product)
+        + (span + 1) * s.vocab * (unquantised + 4 + 4)  # logits, their fp32 copy, log-softmax
+        + 2 * s.layers * s.kv_heads * span * s.head_dim * 4  # captured V and pre-RoPE K, fp32
+    )
+    per_layer = saved_elements_per_layer(s, n, width, quant)
+    residual_bytes = 4  # the residual stream and norms stay fp32 (fp16 embeddings + bf16 outputs promote)
+    layer_bytes = (
+        per_layer["residual"] * residual_bytes
+        + per_layer["attention_weights"] * 4
+        + sum(v for k, v in per_layer.items() if k not in ("residual", "attention_weights")) * activation
+    )
+    last_layer = n * s.hidden * residual_bytes  # the deepest needed layer: its norm input, then V (and K)
+    loss_inputs = 2 * s.layers * n * s.kv_heads * s.head_dim * 4  # stacked V (and K) in fp32
+    activations = batch * ((s.layers - 1) * layer_bytes + last_layer + loss_inputs)
+    step_transient = batch * 2 * s.heads * n * width * 4  # gradient of one layer's attention weights, twice
+    if quant in ("8bit", "4bit"):
+        step_transient += s.hidden * s.intermediate * unquantised  # bitsandbytes dequantises for backward
+    optimiser = batch * 6 * n * s.hidden * 4
+    if precision == "bf16" and quant == "fp32":  # bf16 copies of the fp32 linear weights, made once per run
+        step_transient += weight_bytes(s, "bf16", 0)
+    return MemoryPlan(
+        model=name or getattr(config, "_name_or_path", "") or s.model_type,
+        quant=quant,
+        device=device,
+        window=window,
+        span=span,
+        ratio=ratio,
+        virtual_tokens=n,
+        attention_width=width,
+        batch=batch,
+        precision=precision,
+        weights=weight_bytes(s, quant, unquantised),
+        window_kv=window * kv_per_token,
+        target_pass=int(target_pass),
+        activations=int(activations),
+        step_transient=int(step_transient),
+        optimiser_state=int(optimiser),
+        capacity=None if capacity_gib is None else int(capacity_gib * GIB),
+    )
+
+
+def plan_table(p: MemoryPlan):
+    from rich.table import Table
+
+    title = (
+        f"memory plan: {p.model} {p.quant} on {p.device} ({p.precision} activations), window {p.window}, "
+        f"span {p.span} at ratio {p.ratio:g} → {p.virtual_tokens} virtual tokens"
+    )
+    table = Table(title=title)
+    table.add_column("item")
+    table.add_column("GiB", justify="right")
+    table.add_column("from")
+    for item, size, how in p.rows():
+        table.add_row(item, f"{size / GIB:.2f}", how)
+    if p.capacity is not None:
+        verdict = "fits" if p.peak <= p.capacity else "does NOT fit"
+        table.add_row(
+            f"capacity: {verdict}", f"{p.capacity / GIB:.2f}", f"headroom {(p.capacity - p.peak) / GIB:+.2f} GiB"
+        )
+    return table
+
+
+def worst_span(config, window: int = 4096, step: int = 64, **kwargs) -> MemoryPlan:
+    """The plan of the span (a multiple of `step` tokens, or the whole window) with the highest peak: a
+    short span leaves a long prefix to attend to, a long one many virtual tokens."""
+    spans = sorted(set(range(step, window, step)) | {window})
+    return max((plan(config, window=window, span=span, **kwargs) for span in spans), key=lambda p: p.peak)
+
+
+# ---- CLI entry ------------------------------------------------------------------------------------------
+
+
+def add_plan_args(p: argparse.ArgumentParser) -> None:
+    from vkv.lm.load import DEFAULT_MODEL
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset ({', '.join(PRESETS)}), alias or directory")
+    p.add_argument("--quant", default="8bit", choices=tuple(WEIGHT_BYTES))
+    p.add_argument("--device", default="cuda", help="cuda (bf16 activations) or cpu (fp32)")
+    p.add_argument("--window", type=int, default=4096, help="context tokens the compression sees")
+    p.add_argument("--span", type=int, default=None, help="tokens compressed (default: the whole window)")
+    p.add_argument("--ratio", type=float, default=3.2)
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "fp32", "bf16"),
+        help="activations during optimisation (auto: bf16 on CUDA and AMX CPUs, else fp32)",
+    )
+    p.add_argument("--batch", type=int, default=1, help="spans optimised together")
+    p.add_argument("--memory", type=float, default=32.0, help="device memory in GiB")
+    p.add_argument("--json", default=None, help="also write the plan here")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    config = load_config(args.model)
+    p = plan(
+        config,
+        quant=args.quant,
+        window=args.window,
+        ratio=args.ratio,
+        span=args.span,
+        device=args.device,
+        batch=args.batch,
+        capacity_gib=args.memory,
+        name=args.model,
+        precision=args.precision,
+    )
+    console.print(plan_table(p))
+    worst = worst_span(
+        config,
+        window=args.window,
+        quant=args.quant,
+        ratio=args.ratio,
+        device=args.device,
+        batch=args.batch,
+        capacity_gib=args.memory,
+        name=args.model,
+        precision=args.precision,
+    )
+    verdict = "fits" if worst.peak <= worst.capacity else "does NOT fit"
+    console.print(
+        f"worst span in a {args.window}-token window: {worst.span} tokens ({worst.virtual_tokens} virtual "
+        f"tokens attending to {worst.attention_width} keys) → peak {worst.peak / GIB:.2f} GiB, {verdict} "
+        f"in {args.memory:g} GiB"
+    )
+    if args.json:
+        from vkv.io import write_json_atomic
+
+        write_json_atomic(args.json, {**p.to_dict(), "worst_span": worst.to_dict()})
+        console.print(f"wrote {args.json}")
+    return 0 if p.peak <= p.capacity else 1
