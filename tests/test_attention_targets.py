@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
 from vkv.compress.optimise import OptimConfig, layer_losses, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress.single import CompressConfig, compress
+from vkv.compress.single import compress
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix

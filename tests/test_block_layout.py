@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from tests.test_hybrid import evaluation, verbatim_entries  # noqa: F401  (a module fixture)
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_mass, partition, partition_by_mass
-from vkv.compress.single import CompressConfig, compress
+from vkv.compress.single import compress
 from vkv.errors import VkvError
 from vkv.lm.capture import capture_span
 from vkv.methods import get_method

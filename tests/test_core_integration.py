@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from vkv.cli import main
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import CompressConfig, compress_transcript
+from vkv.compress.single import compress_transcript
 from vkv.kv.context import Context
 from vkv.text.transcript import load_transcript
 
@@ -27,6 +28,7 @@ def test_optimisation_halves_the_v_loss_on_a_real_span(quant, smol, smol8, mini_
 
 
 def test_all_verbatim_identity_on_test_model(smol, mini_transcript_path):
+    from vkv.kv.prefix import KVPrefix
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
     from vkv.lm.capture import capture_span
@@ -37,7 +39,7 @@ def test_all_verbatim_identity_on_test_model(smol, mini_transcript_path):
     _, cache = capture_span(smol, ids, 0, cut, keep_cache=True)
     spliced = SplicedCache()
     for span in rendered.spans[:5]:
-        spliced.append(verbatim_segment(cache, span.start, span.end))
+        spliced.append(verbatim_segment(KVPrefix.from_cache(cache).slice(span.start, span.end), span.start))
     logits = Context(smol, spliced).feed(ids[cut:])
     with torch.no_grad():
         reference = smol.model(input_ids=torch.tensor([ids])).logits[0, cut:].float()

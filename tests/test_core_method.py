@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import CompressConfig, compress
+from vkv.compress.single import compress
 from vkv.errors import VkvError
 from vkv.kv.context import Context
 from vkv.kv.file import cache_metadata, load_cache, save_cache
@@ -72,8 +73,9 @@ def test_all_verbatim_splice_reproduces_full_context(tiny):
     cut = 11
     _, cache = capture_span(tiny, ids, 0, cut, keep_cache=True)
     spliced = SplicedCache()
-    spliced.append(verbatim_segment(cache, 0, 5))
-    spliced.append(verbatim_segment(cache, 5, cut))
+    kv = KVPrefix.from_cache(cache)
+    spliced.append(verbatim_segment(kv.slice(0, 5), 0))
+    spliced.append(verbatim_segment(kv.slice(5, cut), 5))
     logits = Context(tiny, spliced).feed(ids[cut:])
     torch.testing.assert_close(logits, full_logits(tiny, ids)[cut:], atol=1e-4, rtol=1e-4)
 
@@ -83,7 +85,7 @@ def test_removed_span_equals_masked_attention_reference(tiny):
     a, b = 4, 12
     _, cache = capture_span(tiny, ids, 0, a, keep_cache=True)
     spliced = SplicedCache()
-    spliced.append(verbatim_segment(cache, 0, a), next_position=b)  # span removed, positions kept
+    spliced.append(verbatim_segment(KVPrefix.from_cache(cache), 0), next_position=b)  # span removed, positions kept
     logits = Context(tiny, spliced).feed(ids[b:])
     n = len(ids)
     allowed = torch.ones(n, n).tril().bool()

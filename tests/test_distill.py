@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from vkv.compress.config import CompressConfig
 from vkv.compress.distill import DistillConfig, build_probes, distill, summary_request_ids
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import CompressConfig, compress
+from vkv.compress.single import compress
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span

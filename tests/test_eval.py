@@ -7,8 +7,8 @@ import torch
 
 from tests.conftest import bundled_transcripts
 from vkv.cli import main
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import CompressConfig
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
 from vkv.methods import METHODS, get_method
@@ -288,7 +288,7 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
     work = evaluation.work
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
     history = SplicedCache()
-    history.append(verbatim_segment(work.kv, 0, turn.start))
+    history.append(verbatim_segment(work.kv.slice(0, turn.start), 0))
     view = view_on_cache(work.lm, history, work.ids, turn, queries=True)
     turn_work = TurnWork(
         work.lm,

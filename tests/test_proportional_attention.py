@@ -3,8 +3,9 @@
 import torch
 
 from tests.conftest import FIXTURES
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import CompressConfig, compress
+from vkv.compress.single import compress
 from vkv.kv.context import Context
 from vkv.kv.file import load_cache, save_cache
 from vkv.kv.prefix import KVPrefix
@@ -23,15 +24,15 @@ def test_mass_of_one_changes_nothing_and_duplicated_entries_equal_mass_two(tiny_
     _, cache = capture_span(tiny_llama, ids, 0, 30, keep_cache=True)
     prefix = KVPrefix.from_cache(cache)
     plain = SplicedCache()
-    plain.append(verbatim_segment(prefix, 0, 30))
+    plain.append(verbatim_segment(prefix.slice(0, 30), 0))
     ones = SplicedCache()
-    ones.append(verbatim_segment(prefix, 0, 30))
+    ones.append(verbatim_segment(prefix.slice(0, 30), 0))
     ones.segments[0].mass = torch.ones(30)
     probe = ids[30:40]
     torch.testing.assert_close(Context(tiny_llama, plain).feed(probe), Context(tiny_llama, ones).feed(probe))
 
     # an entry repeated twice attracts exactly the attention of one entry with mass 2
-    seg = verbatim_segment(prefix, 0, 30)
+    seg = verbatim_segment(prefix.slice(0, 30), 0)
     twice = SplicedCache()
     doubled = torch.cat([torch.arange(30), torch.tensor([29])])
     twice.append(

@@ -8,16 +8,17 @@ import torch
 
 from tests.conftest import build_tiny
 from vkv.cli.multiturn import add_multiturn_args, compress_multiturn, method_options
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig, allocate, message_turns
 from vkv.compress.session import Session
-from vkv.compress.single import CompressConfig, reencode
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.context import Context
 from vkv.kv.file import cache_metadata, read_header, save_cache
 from vkv.kv.report import report_rows, report_totals
 from vkv.kv.segment import SegmentGroup
+from vkv.kv.splice import reencode
 from vkv.kv.spliced import SplicedCache
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript, render

@@ -145,10 +145,10 @@ def _tokenizer_for(name: str):
 
 
 def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
+    from vkv.compress.config import BOUNDARIES, CompressConfig
     from vkv.compress.optimise import INITS, LOSSES, SCHEDULES, OptimConfig
     from vkv.compress.pooling import POOLING_RULES
     from vkv.compress.positions import POSITION_SCHEMES
-    from vkv.compress.single import BOUNDARIES, CompressConfig
     from vkv.compress.targets import TARGET_KINDS
 
     c, d = CompressConfig(), OptimConfig()
@@ -206,9 +206,9 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
 
 
 def compress_config_from_args(args: argparse.Namespace):
+    from vkv.compress.config import CompressConfig
     from vkv.compress.distill import DistillConfig
     from vkv.compress.optimise import OptimConfig
-    from vkv.compress.single import CompressConfig
 
     optim = OptimConfig(
         steps=args.steps,

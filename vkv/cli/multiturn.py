@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vkv.compress.autoratio import DEFAULT_LADDER, AutoRatioConfig
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import KEEP_BY, HybridConfig
 from vkv.compress.sequential import (
     TARGET_MODES,
@@ -22,7 +23,6 @@ from vkv.compress.sequential import (
     compress_turns,
     message_turns,
 )
-from vkv.compress.single import CompressConfig
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata
 from vkv.kv.segment import Segment

@@ -91,10 +91,7 @@ def distill(
     best, best_loss, trace = x.detach().clone(), math.inf, []
     for step in range(config.steps + 1):
         keys, values = lm.forward_kv(x[None].to(lm.dtype), positions, prefix)
-        spliced = KVPrefix(
-            [torch.cat([p, k], 2) for p, k in zip(prefix.keys, keys)],
-            [torch.cat([p, v], 2) for p, v in zip(prefix.values, values)],
-        )
+        spliced = prefix.cat(KVPrefix(keys, values))
         loss = sum(_kl(probe.teacher, _logprobs(lm, spliced, end, probe.ids)) for probe in probes) / len(probes)
         trace.append(float(loss.detach()))
         if trace[-1] < best_loss:
@@ -133,6 +130,6 @@ def _greedy(lm: FrozenLM, context: KVPrefix, position: int, prompt: list[int], m
     from vkv.kv.spliced import SplicedCache
 
     spliced = SplicedCache()
-    spliced.append(verbatim_segment(context, 0, context.length))
+    spliced.append(verbatim_segment(context, 0))
     spliced.next_position = position
     return Context(lm, spliced).greedy(prompt, max_new)

@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from vkv.compress.autoratio import v_loss
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import optimise
-from vkv.compress.pooling import block_weights, surprisal_scores
-from vkv.compress.positions import virtual_positions
-from vkv.compress.single import CompressConfig, span_blocks
-from vkv.compress.targets import build_targets
+from vkv.compress.pooling import surprisal_scores
+from vkv.compress.problem import SpanProblem
+from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment
@@ -148,7 +148,7 @@ def hybrid_segment(
     """`budget` entries for ids[acts.start:acts.end]: kept tokens' real K/V (`span_kv` holds the span's own
     K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position."""
     config.validate()
-    if compress.target in ("kv-post-rope", "v+attention"):
+    if not target_kind(compress.target).order_free:
         raise VkvError(
             f"hybrid compression pools the remaining tokens out of order, so it supports targets "
             f"v and kv-pre-rope, not {compress.target}"
@@ -165,10 +165,8 @@ def hybrid_segment(
         )
     kept = choose_verbatim(acts, share, config)
     rest = _complement(kept, end - start)
-    kept_kv = KVPrefix([k[:, :, kept] for k in span_kv.keys], [v[:, :, kept] for v in span_kv.values])
-    virtual = _virtual_part(
-        lm, ids, acts, rest, share.virtual, _joined(prefix, kept_kv), compress, message_starts, on_step
-    )
+    kept_kv = span_kv.select(kept)
+    virtual = _virtual_part(lm, ids, acts, rest, share.virtual, prefix.cat(kept_kv), compress, message_starts, on_step)
     return _assemble(lm, ids, acts, kept, kept_kv, virtual, share, config)
 
 
@@ -184,19 +182,15 @@ class _VirtualPart:
 
 def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
-    gathered = Activations(acts.values[:, :, rest], acts.keys_pre_rope[:, :, rest], acts.surprisal[rest], 0, len(rest))
-    blocks = span_blocks(lm, ids, acts.start, acts.end, k, compress, gathered.surprisal, message_starts, tokens=rest)
-    weights = block_weights(compress.pooling, blocks, gathered.surprisal)
-    rest_ids = torch.tensor(ids)[acts.start + rest]
-    targets = build_targets(lm, rest_ids, gathered, blocks, weights, compress.target)
-    positions = virtual_positions(compress.positions, acts.start, acts.end, k, blocks.centres(acts.start + rest))
+    problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
+    targets, positions = problem.targets, problem.positions
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
     with torch.no_grad():
         keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
     values = torch.cat(values).float().cpu()
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    mass = blocks.sizes() if compress.proportional_attention else None
+    mass = problem.mass(compress)
     return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats, mass)
 
 
@@ -239,15 +233,3 @@ def _complement(kept: torch.Tensor, n: int) -> torch.Tensor:
     mask = torch.ones(n, dtype=torch.bool)
     mask[kept] = False
     return mask.nonzero()[:, 0]
-
-
-def _joined(prefix: KVPrefix, extra: KVPrefix) -> KVPrefix:
-    """prefix ⊕ extra per layer (the extra entries in the prefix's device and dtype)."""
-    if not prefix.length:
-        return extra
-    if not extra.length:
-        return prefix
-    return KVPrefix(
-        [torch.cat([p, e.to(p.device, p.dtype)], dim=2) for p, e in zip(prefix.keys, extra.keys)],
-        [torch.cat([p, e.to(p.device, p.dtype)], dim=2) for p, e in zip(prefix.values, extra.values)],
-    )

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from vkv.compress.targets import AttentionTargets, Targets
+from vkv.compress.targets import TARGET_KINDS, AttentionTargets, Targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
@@ -99,7 +99,7 @@ def layer_losses(keys: list[torch.Tensor], values: list[torch.Tensor], targets: 
         k = torch.cat(keys).float()
         per_layer = 0.5 * (per_layer + _distance(k, targets.keys.to(device), targets.key_scale.to(device), loss))
     if targets.attention is not None:
-        attention = _AttentionBatch.build([targets.attention], targets.k, device)
+        attention = AttentionBatch.build([targets.attention], targets.k, device)
         per_layer = (
             per_layer
             + _attention_distance(
@@ -132,7 +132,7 @@ def _masked_distance(x, target, scale, loss: str, token_mask: torch.Tensor | Non
 
 
 def _attention_distance(
-    keys: torch.Tensor, values: torch.Tensor, target: _AttentionBatch, value_scale: torch.Tensor
+    keys: torch.Tensor, values: torch.Tensor, target: AttentionBatch, value_scale: torch.Tensor
 ) -> torch.Tensor:
     """Per-layer read-out error `[B, layers]` of virtual keys/values `[B, layers, kv_heads, n, D]` (post-RoPE):
     the output error (variance-normalised like the V loss) plus the squared log-normaliser error, in nats²,
@@ -150,7 +150,7 @@ def _attention_distance(
 
 
 @dataclass
-class _AttentionBatch:
+class AttentionBatch:
     """`AttentionTargets` of a batch, padded: absent virtual tokens get log-mass -inf (never read), absent
     reference queries a False `query_mask`."""
 
@@ -162,7 +162,7 @@ class _AttentionBatch:
     weight: torch.Tensor  # [B]
 
     @classmethod
-    def build(cls, targets: list[AttentionTargets], n: int, device: torch.device) -> _AttentionBatch:
+    def build(cls, targets: list[AttentionTargets], n: int, device: torch.device) -> AttentionBatch:
         counts = [t.count for t in targets]
         q = max(counts)
 
@@ -182,9 +182,9 @@ class _AttentionBatch:
             weight=torch.tensor([t.weight for t in targets], dtype=torch.float32, device=device),
         )
 
-    def select(self, index: torch.Tensor, n: int) -> _AttentionBatch:
+    def select(self, index: torch.Tensor, n: int) -> AttentionBatch:
         mask = None if self.query_mask is None else self.query_mask[index]
-        return _AttentionBatch(
+        return AttentionBatch(
             self.queries[index],
             self.outputs[index],
             self.log_norm[index],
@@ -198,7 +198,7 @@ class _AttentionBatch:
 
 
 @dataclass
-class _Batch:
+class Batch:
     """Problems padded to one virtual-token count n and one prefix length, on the model's device."""
 
     prefix: KVPrefix
@@ -210,7 +210,7 @@ class _Batch:
     key_scale: torch.Tensor | None
     kind: str
     sizes: list[int]
-    attention: _AttentionBatch | None = None
+    attention: AttentionBatch | None = None
 
     @classmethod
     def build(
@@ -218,7 +218,7 @@ class _Batch:
         lm: FrozenLM,
         problems: list[tuple[KVPrefix, Targets, torch.Tensor]],
         prefix_dtype: torch.dtype | None = None,
-    ) -> _Batch:
+    ) -> Batch:
         kinds = {t.kind for _, t, _ in problems}
         if len(kinds) != 1:
             raise VkvError(f"a batch must share one target kind, got {', '.join(sorted(kinds))}")
@@ -249,10 +249,10 @@ class _Batch:
             key_scale=torch.stack([t.key_scale.float() for t in targets]).to(dev) if with_keys else None,
             kind=targets[0].kind,
             sizes=sizes,
-            attention=_AttentionBatch.build([t.attention for t in targets], n, dev) if with_attention else None,
+            attention=AttentionBatch.build([t.attention for t in targets], n, dev) if with_attention else None,
         )
 
-    def select(self, rows: list[int]) -> _Batch:
+    def select(self, rows: list[int]) -> Batch:
         """The sub-batch of `rows`, trimmed to their longest prefix and virtual-token count (one copy)."""
         n = max(self.sizes[r] for r in rows)
         index = torch.tensor(rows, device=self.positions.device)
@@ -265,7 +265,7 @@ class _Batch:
                 [k[index, :, :length] for k in prefix.keys], [v[index, :, :length] for v in prefix.values], valid
             )
         mask = None if self.token_mask is None else self.token_mask[index, :n]
-        return _Batch(
+        return Batch(
             prefix=prefix,
             positions=self.positions[index, :n],
             token_mask=None if mask is None or bool(mask.all()) else mask,
@@ -286,8 +286,8 @@ class _Batch:
             self.prefix,
             last_layer=last_layer,
             token_mask=self.token_mask,
-            last_keys=self.keys is not None or self.attention is not None,
-            rope_keys=self.kind != "kv-pre-rope",
+            last_keys=TARGET_KINDS[self.kind].uses_keys,
+            rope_keys=TARGET_KINDS[self.kind].rope_keys,
         )
         depth = last_layer + 1
         stacked_values = torch.stack(values, 1).float()
@@ -355,7 +355,7 @@ def least_squares_init(
     rhs.append((target - bias) / targets.value_scale[0].double().sqrt())
     if targets.keys is not None and not hasattr(attn, "k_norm"):
         key_target = targets.keys[0].double()
-        if targets.kind == "kv-post-rope":
+        if targets.spec.keys == "post-rope":
             if positions is None:
                 raise VkvError("least-squares init with post-RoPE key targets needs the virtual positions")
             key_target = lm.rotate(key_target.float(), positions, inverse=True).double()
@@ -443,7 +443,7 @@ def optimise_batch(
     if not problems:
         return []
     start_time = time.perf_counter()
-    batch = _Batch.build(lm, problems, _activation_dtype(lm, config.precision))
+    batch = Batch.build(lm, problems, activation_dtype(lm, config.precision))
     num_layers = lm.spec.num_layers
     weights = torch.tensor(config.layer_weights or [1.0] * num_layers, dtype=torch.float32, device=lm.device)
     if weights.numel() != num_layers:
@@ -461,10 +461,10 @@ def optimise_batch(
     running, sub = list(range(len(problems))), batch
     beta1, beta2 = config.betas
 
-    with lm.compute_weights(torch.bfloat16 if _uses_bf16(lm, config.precision) else None):
+    with lm.compute_weights(torch.bfloat16 if uses_bf16(lm, config.precision) else None):
         for step in range(config.steps + 1):
             leaf = x[running, : max(sizes[b] for b in running)].requires_grad_(True)  # a copy of the rows
-            with _autocast(lm, config.precision):
+            with autocast(lm, config.precision):
                 per_layer = sub.per_layer_losses(lm, leaf, config.loss, last_layer)
             losses = (per_layer.float() * weights).sum(-1)  # [running]
             values = losses.detach().cpu().tolist()
@@ -499,7 +499,7 @@ def optimise_batch(
                 running = [b for b in running if b not in leaving]
                 sub = batch.select(running)
 
-        with torch.no_grad(), _autocast(lm, config.precision):
+        with torch.no_grad(), autocast(lm, config.precision):
             per_layer_best = batch.per_layer_losses(lm, best, config.loss, num_layers - 1).float().cpu()
     seconds = time.perf_counter() - start_time
     if any(not state.trace for state in progress):
@@ -521,7 +521,7 @@ def optimise_batch(
     ]
 
 
-def _uses_bf16(lm: FrozenLM, precision: str) -> bool:
+def uses_bf16(lm: FrozenLM, precision: str) -> bool:
     """bf16 activations when asked, or by default where bf16 matmuls are fast: CUDA, and CPUs with AMX tiles
     for unquantised weights (int8 layers gain nothing there: bitsandbytes quantises activations anyway)."""
     if precision != "auto":
@@ -538,22 +538,15 @@ def cpu_has_amx() -> bool:
         return False
 
 
-def _activation_dtype(lm: FrozenLM, precision: str) -> torch.dtype:
-    return torch.bfloat16 if _uses_bf16(lm, precision) else lm.dtype
+def activation_dtype(lm: FrozenLM, precision: str) -> torch.dtype:
+    return torch.bfloat16 if uses_bf16(lm, precision) else lm.dtype
 
 
-def _autocast(lm: FrozenLM, precision: str):
-    """bf16 autocast for activations where `_uses_bf16`; the fp32 master embeddings are untouched."""
-    if _uses_bf16(lm, precision):
+def autocast(lm: FrozenLM, precision: str):
+    """bf16 autocast for activations where `uses_bf16`; the fp32 master embeddings are untouched."""
+    if uses_bf16(lm, precision):
         return torch.autocast(device_type=lm.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-def virtual_kv(lm: FrozenLM, prefix: KVPrefix, embeddings: torch.Tensor, positions: torch.Tensor, target_kind: str):
-    """Keys and values of the virtual tokens on top of the prefix; keys pre-RoPE when the target needs them."""
-    return lm.forward_kv(
-        embeddings.unsqueeze(0).to(lm.device), positions, prefix, rope_keys=target_kind != "kv-pre-rope"
-    )
 
 
 def _scheduled_lr(base: float, step: int, config: OptimConfig) -> float:

@@ -24,14 +24,16 @@ from typing import Any
 import torch
 
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
-from vkv.compress.pooling import block_weights, num_virtual_tokens
-from vkv.compress.single import CompressConfig, span_blocks, virtual_segment
-from vkv.compress.targets import Targets, build_targets
+from vkv.compress.pooling import num_virtual_tokens
+from vkv.compress.problem import SpanProblem
+from vkv.compress.single import virtual_segment
+from vkv.compress.targets import Targets, target_kind
 from vkv.errors import VkvError
 from vkv.kv.context import Context
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations, capture_span, projection_hooks
 from vkv.lm.frozen import FrozenLM
@@ -53,7 +55,7 @@ class MultiTurnConfig:
             raise VkvError(f"unknown --targets '{self.targets}'; choose one of {', '.join(TARGET_MODES)}")
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
-        if self.compress.target == "v+attention":  # online targets would need queries from the compressed history
+        if target_kind(self.compress.target).read_out:  # online targets would need queries from the compressed history
             raise VkvError("target v+attention is not implemented for sequential compression; use v or kv-pre-rope")
         self.compress.optim.validate()
         if self.hybrid is not None:
@@ -124,16 +126,7 @@ class TurnView:
     kv: KVPrefix  # the turn's own K/V, `[1, kv_heads, length, head_dim]` per layer
 
     def verbatim(self) -> Segment:
-        return kv_segment(self.kv, self.acts.start)
-
-
-def kv_segment(kv: KVPrefix, start: int) -> Segment:
-    """A verbatim segment of K/V `[1, kv_heads, n, head_dim]` per layer for tokens [start, start + n)."""
-    keys = torch.cat(list(kv.keys)).float().cpu()
-    values = torch.cat(list(kv.values)).float().cpu()
-    return Segment(
-        "verbatim", (start, start + keys.shape[2]), keys, values, torch.arange(start, start + keys.shape[2]).float()
-    )
+        return verbatim_segment(self.kv, self.acts.start)
 
 
 class FullHistory:
@@ -160,11 +153,11 @@ class FullHistory:
             turn.start,
             turn.end,
         )
-        return TurnView(acts, kv_slice(self.kv, turn.start, turn.end))
+        return TurnView(acts, self.kv.slice(turn.start, turn.end))
 
     def verbatim(self, turn: Turn) -> Segment:
         """The turn's exact full-context K/V (for turns kept as they are)."""
-        segment = kv_segment(kv_slice(self.kv, turn.start, turn.end), turn.start)
+        segment = verbatim_segment(self.kv.slice(turn.start, turn.end), turn.start)
         segment.stats = turn_stats(turn)
         return segment
 
@@ -186,7 +179,7 @@ def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn,
     acts = Activations(
         values, keys, surprisal, turn.start, turn.end, torch.stack(store["queries_pre_rope"]) if queries else None
     )
-    return TurnView(acts, _entries_after(context, context.base_length))
+    return TurnView(acts, KVPrefix.from_cache(context.cache).slice(context.base_length))
 
 
 def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: list[Turn]) -> None:
@@ -201,23 +194,9 @@ def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: li
             )
         before = context.length
         context.feed(ids[turn.start : turn.end])
-        segment = kv_segment(_entries_after(context, before), turn.start)
+        segment = verbatim_segment(KVPrefix.from_cache(context.cache).slice(before), turn.start)
         segment.stats = turn_stats(turn)
         cache.append(segment)
-
-
-def _entries_after(context: Context, length: int) -> KVPrefix:
-    """Views of the context's entries past `length` (what was fed since)."""
-    return kv_slice(KVPrefix.from_cache(context.cache), length, None)
-
-
-def kv_slice(kv: KVPrefix, start: int, end: int | None) -> KVPrefix:
-    """Views of entries [start, end) of every layer."""
-    return KVPrefix([k[:, :, start:end] for k in kv.keys], [v[:, :, start:end] for v in kv.values])
-
-
-def cache_prefix(cache: SplicedCache) -> KVPrefix:
-    return cache.kv() if cache.segments else KVPrefix([], [])
 
 
 def target_drift(online: TurnView, oracle: TurnView) -> float:
@@ -284,7 +263,7 @@ def compress_turns(
         online = view_on_cache(lm, cache, ids, turn)
         oracle = history.view(turn) if history is not None else None
         view = oracle if config.targets == "oracle" else online
-        segment = _turn_segment(lm, ids, turn, view, cache_prefix(cache), budget, config, message_starts)
+        segment = _turn_segment(lm, ids, turn, view, cache.kv(), budget, config, message_starts)
         segment.stats.update(
             turn_stats(turn),
             targets=config.targets,
@@ -307,9 +286,7 @@ def turn_targets(
     message_starts: list[int] | None,
 ) -> Targets:
     """The targets `virtual_segment` optimises towards, rebuilt (deterministically) to measure its V loss."""
-    blocks = span_blocks(lm, ids, acts.start, acts.end, entries, config, acts.surprisal, message_starts)
-    weights = block_weights(config.pooling, blocks, acts.surprisal)
-    return build_targets(lm, torch.tensor(ids), acts, blocks, weights, config.target)
+    return SpanProblem.build(lm, ids, acts, entries, config, message_starts).targets
 
 
 def _turn_segment(

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from vkv.compress.autoratio import segment_loss
+from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_turns
-from vkv.compress.single import CompressConfig
 from vkv.errors import VkvError
 from vkv.kv.context import Context
 from vkv.kv.file import cache_metadata, load_cache, read_header, save_cache

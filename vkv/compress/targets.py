@@ -12,7 +12,43 @@ from vkv.errors import VkvError
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 
-TARGET_KINDS = ("v", "kv-pre-rope", "kv-post-rope", "v+attention")
+
+@dataclass(frozen=True)
+class TargetKind:
+    """What a target kind matches besides the pooled V, and what that asks of the rest of the pipeline."""
+
+    name: str
+    keys: str | None = None  # "pre-rope" or "post-rope": pooled keys are matched too, in that frame
+    read_out: bool = False  # what reference queries read from the span (needs the span's queries captured)
+    order_free: bool = True  # built from which tokens a block holds, not where they sit (hybrid may pool it)
+
+    @property
+    def rope_keys(self) -> bool:
+        """Whether the optimiser compares post-RoPE keys (the model's own) rather than pre-RoPE ones."""
+        return self.keys != "pre-rope"
+
+    @property
+    def uses_keys(self) -> bool:
+        return self.keys is not None or self.read_out
+
+
+TARGET_KINDS: dict[str, TargetKind] = {
+    kind.name: kind
+    for kind in (
+        TargetKind("v"),
+        TargetKind("kv-pre-rope", keys="pre-rope"),
+        TargetKind("kv-post-rope", keys="post-rope", order_free=False),  # the recipe's Failure 2
+        TargetKind("v+attention", read_out=True, order_free=False),
+    )
+}
+
+
+def target_kind(name: str) -> TargetKind:
+    if name not in TARGET_KINDS:
+        raise VkvError(f"unknown target '{name}'; choose one of {', '.join(TARGET_KINDS)}")
+    return TARGET_KINDS[name]
+
+
 ATTENTION_QUERIES = 128  # reference queries per head: enough to pin the block's read-out, cheap next to the forward
 
 
@@ -57,6 +93,10 @@ class Targets:
     def k(self) -> int:
         return self.blocks.count
 
+    @property
+    def spec(self) -> TargetKind:
+        return TARGET_KINDS[self.kind]
+
 
 def build_targets(
     lm: FrozenLM,
@@ -69,17 +109,16 @@ def build_targets(
     attention_queries: int = ATTENTION_QUERIES,
     attention_weight: float = 1.0,
 ) -> Targets:
-    if kind not in TARGET_KINDS:
-        raise VkvError(f"unknown target '{kind}'; choose one of {', '.join(TARGET_KINDS)}")
+    spec = target_kind(kind)
     values = pool(acts.values, blocks, weights, dim=2)
     keys = key_scale = attention = None
-    if kind == "v+attention":
+    if spec.read_out:
         sizes = blocks.sizes()
         log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
         attention = attention_targets(lm, acts, log_mass, attention_queries, attention_weight)
-    elif kind != "v":
+    if spec.keys is not None:
         original_keys = acts.keys_pre_rope
-        if kind == "kv-post-rope":  # the recipe's Failure 2: averages keys rotated to different positions
+        if spec.keys == "post-rope":  # averages keys rotated to different positions
             original_keys = lm.rotate(original_keys, torch.arange(acts.start, acts.end))
         keys = pool(original_keys, blocks, weights, dim=2)
         key_scale = _per_layer_variance(original_keys)

@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from vkv import __version__
-from vkv.compress.single import reencode
 from vkv.errors import VkvError
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
 from vkv.kv.context import Context
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
+from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
@@ -95,17 +95,9 @@ class TranscriptEval:
         return PreparedQuestion(q, prompt, [continuation_ids(self.lm.tokenizer, text, sep + c) for c in options])
 
     # ---- building and measuring contexts ------------------------------------------------------
-    def splice(self, segment: Segment | list[Segment] | None) -> SplicedCache:
+    def splice(self, segments: Segment | list[Segment] | None) -> SplicedCache:
         """System prefix verbatim, the method's segment (or segments, in span order), the rest re-encoded."""
-        spliced = SplicedCache()
-        if self.start > 0:
-            spliced.append(verbatim_segment(self.work.kv, 0, self.start))
-        for part in segment if isinstance(segment, list) else [] if segment is None else [segment]:
-            spliced.append(part)
-        spliced.next_position = self.end
-        if self.end < len(self.rendered.ids):
-            spliced.append(reencode(self.lm, spliced, self.rendered.ids[self.end :]))
-        return spliced
+        return splice(self.lm, self.work.kv, self.start, self.end, segments, self.rendered.ids[self.end :])
 
     def measure(self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None) -> list[Measurement]:
         context = Context(self.lm, spliced)
@@ -187,7 +179,7 @@ class TranscriptEval:
         start, end = rendered.token_span(first, last)
         _, cache = capture_span(self.lm, rendered.ids, 0, len(rendered.ids), keep_cache=True)
         spliced = SplicedCache()
-        spliced.append(verbatim_segment(cache, 0, len(rendered.ids)))
+        spliced.append(verbatim_segment(KVPrefix.from_cache(cache), 0))
         prepared = [self._prepare(pq.question, rendered, shorter) for pq in questions]
         report = {"query": queries[-1], "messages": dropped_lines(messages[first:last], contents, first)}
         return {

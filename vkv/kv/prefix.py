@@ -33,6 +33,39 @@ class KVPrefix:
         values = [layer.values[:, :, :length] for layer in cache.layers]
         return cls(keys, values)
 
+    @classmethod
+    def empty(cls) -> KVPrefix:
+        return cls([], [])
+
+    def slice(self, start: int, end: int | None = None) -> KVPrefix:
+        """Views of entries [start, end) of every layer (no copy)."""
+        return KVPrefix([k[:, :, start:end] for k in self.keys], [v[:, :, start:end] for v in self.values])
+
+    def select(self, index: torch.Tensor) -> KVPrefix:
+        """The entries at `index` `[n]` (in that order) of every layer (a copy)."""
+        if self.valid is not None:
+            raise ValueError("selecting entries of a padded batch of prefixes is not supported")
+        index = index.to(self.keys[0].device) if self.keys else index
+        return KVPrefix([k[:, :, index] for k in self.keys], [v[:, :, index] for v in self.values])
+
+    def cat(self, other: KVPrefix) -> KVPrefix:
+        """self ⊕ other per layer, `other` moved to self's device and dtype (no copy when either is empty)."""
+        if not self.length:
+            return other
+        if not other.length:
+            return self
+        return KVPrefix(
+            [torch.cat([a, b.to(a.device, a.dtype)], dim=2) for a, b in zip(self.keys, other.keys)],
+            [torch.cat([a, b.to(a.device, a.dtype)], dim=2) for a, b in zip(self.values, other.values)],
+        )
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of a batch-1 prefix as `[layers, kv_heads, length, head_dim]` float32 CPU tensors,
+        detached: the layout segments store."""
+        keys = torch.cat([k.detach() for k in self.keys]).float().cpu()
+        values = torch.cat([v.detach() for v in self.values]).float().cpu()
+        return keys, values
+
     def to(self, device: torch.device, dtype: torch.dtype) -> KVPrefix:
         """The same prefix on `device` in `dtype` (no copy when it already is)."""
         valid = None if self.valid is None else self.valid.to(device)

@@ -39,6 +39,11 @@ class Segment:
     def ratio(self) -> float:
         return self.original_tokens / max(self.entries, 1)
 
+    @property
+    def kv(self) -> KVPrefix:
+        """The entries as a batch-1 prefix, `[1, kv_heads, entries, head_dim]` per layer (views)."""
+        return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values])
+
     def row(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -49,12 +54,11 @@ class Segment:
         }
 
 
-def verbatim_segment(cache_or_prefix, start: int, end: int) -> Segment:
-    """Real K/V of original tokens [start, end) from a transformers cache or KVPrefix holding them."""
-    prefix = cache_or_prefix if isinstance(cache_or_prefix, KVPrefix) else KVPrefix.from_cache(cache_or_prefix)
-    keys = torch.stack([k[0, :, start:end] for k in prefix.keys])
-    values = torch.stack([v[0, :, start:end] for v in prefix.values])
-    return Segment("verbatim", (start, end), keys.detach(), values.detach(), torch.arange(start, end).float())
+def verbatim_segment(kv: KVPrefix, start: int) -> Segment:
+    """A verbatim segment from a batch-1 prefix whose entries are the real K/V of tokens [start, start + n)."""
+    keys, values = kv.stacked()
+    n = keys.shape[2]
+    return Segment("verbatim", (start, start + n), keys, values, torch.arange(start, start + n).float())
 
 
 class SegmentGroup(list):

@@ -39,7 +39,10 @@ class SplicedCache:
         return sum(s.entries for s in self.segments)
 
     def kv(self) -> KVPrefix:
-        """Per-layer concatenation of all segments, `[1, kv_heads, physical_length, head_dim]` each."""
+        """Per-layer concatenation of all segments, `[1, kv_heads, physical_length, head_dim]` each (empty
+        when there are none)."""
+        if not self.segments:
+            return KVPrefix.empty()
         layers = self.segments[0].keys.shape[0]
         keys = [torch.cat([s.keys[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
         values = [torch.cat([s.values[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
@@ -53,7 +56,7 @@ class SplicedCache:
 
     def to_dynamic_cache(self, lm: FrozenLM):
         """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
-        return self.kv().to_dynamic_cache(lm) if self.segments else lm.new_cache()
+        return self.kv().to_dynamic_cache(lm)
 
     def span_entries(self, start: int, end: int) -> int:
         """Entries standing for original tokens inside [start, end)."""

@@ -204,6 +204,10 @@ class FrozenLM:
         finally:
             self._weight_copies, self._weight_copies_dtype = previous
 
+    def weight_copies(self) -> list[torch.Tensor]:
+        """The low-precision weight copies `compute_weights` holds right now (to count their memory)."""
+        return list((self._weight_copies or {}).values())
+
     def _linear_in(self, dtype: torch.dtype | None):
         copies = (self._weight_copies or {}) if dtype is not None and dtype == self._weight_copies_dtype else {}
 

@@ -46,8 +46,7 @@ class SpanWork:
         """Verbatim segment of the span's tokens at these span-relative indices, at their original positions."""
         idx = torch.as_tensor(relative, dtype=torch.long).sort().values + self.start
         rows = idx - self.kv_start
-        keys = torch.stack([k[0, :, rows] for k in self.kv.keys]).float().cpu()
-        values = torch.stack([v[0, :, rows] for v in self.kv.values]).float().cpu()
+        keys, values = self.kv.select(rows).stacked()
         return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
 
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import Method, SpanWork
@@ -35,7 +34,7 @@ class EvictionMethod(Method):
 
         cache = SplicedCache()
         if work.start > 0:
-            cache.append(verbatim_segment(work.kv, 0, work.start))
+            cache.append(verbatim_segment(work.kv.slice(0, work.start), 0))
         turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
         segments = []
         for turn, budget in zip(turns, allocate([t.length for t in turns], ratio)):
@@ -77,12 +76,7 @@ class TurnWork(SpanWork):
         from vkv.lm.attention import attention_weights
 
         # The history never carries a mass here: per-turn eviction keeps real entries only, one token each.
-        history = (
-            self.history.kv()
-            if self.history.segments
-            else KVPrefix([torch.zeros(1, k.shape[1], 0, k.shape[3]) for k in self.kv.keys], [])
-        )
-        keys = [torch.cat([h[0].to(k.device), k[0]], dim=1) for h, k in zip(history.keys, self.kv.keys)]
+        keys = [k[0] for k in self.history.kv().cat(self.kv).keys]
         positions = torch.cat(
             [s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()]
         )

@@ -1,6 +1,5 @@
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
-from vkv.compress.sequential import kv_slice
-from vkv.compress.single import CompressConfig
 from vkv.kv.segment import Segment
 from vkv.methods.base import Method, SpanWork
 
@@ -18,7 +17,7 @@ class Hybrid(Method):
 
     def compress(self, work: SpanWork, ratio: float) -> Segment:
         compress, verbatim = self.settings()
-        prefix, span_kv = kv_slice(work.kv, 0, work.start), kv_slice(work.kv, work.start, work.end)
+        prefix, span_kv = work.kv.slice(0, work.start), work.kv.slice(work.start, work.end)
         return hybrid_segment(
             work.lm, work.ids, work.acts, span_kv, prefix, work.budget(ratio), compress, verbatim, work.message_starts
         )

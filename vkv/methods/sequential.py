@@ -1,6 +1,6 @@
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
-from vkv.compress.single import CompressConfig
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import SegmentGroup, verbatim_segment
 from vkv.kv.spliced import SplicedCache
@@ -27,7 +27,7 @@ class Sequential(Method):
         config = self.settings(ratio)
         cache = SplicedCache()
         if work.start > 0:
-            cache.append(verbatim_segment(work.kv, 0, work.start))
+            cache.append(verbatim_segment(work.kv.slice(0, work.start), 0))
         turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
         segments = compress_turns(
             work.lm, work.ids, turns, cache, config, FullHistory(work.acts, work.kv), work.message_starts

@@ -1,5 +1,5 @@
-from vkv.compress.single import CompressConfig, virtual_segment
-from vkv.kv.prefix import KVPrefix
+from vkv.compress.config import CompressConfig
+from vkv.compress.single import virtual_segment
 from vkv.kv.segment import Segment
 from vkv.methods.base import Method, SpanWork
 
@@ -19,9 +19,7 @@ class VirtualTokens(Method):
         return (self.options.get("compress") or CompressConfig()).pooling == "attention"
 
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
-        prefix = KVPrefix(
-            [k[:, :, : work.start] for k in work.kv.keys], [v[:, :, : work.start] for v in work.kv.values]
-        )
+        prefix = work.kv.slice(0, work.start)
         return virtual_segment(
             work.lm,
             work.ids,

@@ -23,8 +23,8 @@ PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
 
 def compress_keys() -> dict[str, Any]:
     """Grid keys that set a CompressConfig or OptimConfig field, with their defaults (seed comes from `seeds`)."""
+    from vkv.compress.config import CompressConfig
     from vkv.compress.optimise import OptimConfig
-    from vkv.compress.single import CompressConfig
 
     top = {
         f.name: getattr(CompressConfig(), f.name)
@@ -162,7 +162,7 @@ def expand(experiment: Experiment) -> list[dict[str, Any]]:
         axes.setdefault("quant", ["auto"])
         for values in itertools.product(*axes.values()):
             point = _relevant(dict(zip(axes, values)), where)
-            seen.setdefault(_canonical(point), point)
+            seen.setdefault(canonical(point), point)
     return list(seen.values())
 
 
@@ -247,11 +247,11 @@ def _typed(key: str, value, default, where: str):
     return value
 
 
-def _canonical(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=_jsonable)
+def canonical(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=jsonable)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()
     if isinstance(value, (tuple, set)):
@@ -261,8 +261,8 @@ def _jsonable(value: Any) -> Any:
 
 def build_method(point: dict):
     """The method object a point describes; its compression config carries the run's seed."""
+    from vkv.compress.config import CompressConfig
     from vkv.compress.optimise import OptimConfig
-    from vkv.compress.single import CompressConfig
     from vkv.methods import METHODS, get_method
 
     name = point["method"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.sweep.grid import UNIT_KEYS, Experiment, _canonical, build_method, eval_keys, expand
+from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, canonical, eval_keys, expand
 
 
 @dataclass
@@ -104,7 +104,7 @@ def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
     units: dict[str, list[Unit]] = {}
     runs: dict[str, Run] = {}
     for point in expand(experiment):
-        unit_spec = _canonical({k: point.get(k) for k in ("model", "transcript", *UNIT_KEYS)})
+        unit_spec = canonical({k: point.get(k) for k in ("model", "transcript", *UNIT_KEYS)})
         if unit_spec not in units:
             units[unit_spec] = units_for(experiment, point, lambda m: _tokenizer(m, tokenizers))
         try:
@@ -122,7 +122,7 @@ def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
                 "seed": point["seed"],
                 "eval": settings,
             }
-            run_id = hashlib.sha256(_canonical(identity).encode()).hexdigest()[:16]
+            run_id = hashlib.sha256(canonical(identity).encode()).hexdigest()[:16]
             runs.setdefault(run_id, Run(run_id, point, unit, identity))
     order = {}
     return sorted(

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from vkv.errors import VkvError
-from vkv.sweep.grid import _jsonable
+from vkv.sweep.grid import jsonable
 
 
 def results_name(i: int, n: int) -> str:
@@ -69,7 +69,7 @@ class ResultsFile:
             os.fsync(self.fd)
 
     def append(self, record: dict) -> None:
-        line = (json.dumps(record, default=_jsonable, ensure_ascii=False) + "\n").encode("utf-8")
+        line = (json.dumps(record, default=jsonable, ensure_ascii=False) + "\n").encode("utf-8")
         written = os.write(self.fd, line)
         if written != len(line):  # only a full disk does this; cut the fragment so the file stays whole
             self.cut_partial_line()

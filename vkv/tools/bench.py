@@ -27,22 +27,22 @@ from pathlib import Path
 import torch
 
 from vkv.compress.optimise import (
+    Batch,
     OptimConfig,
     OptimResult,
-    _activation_dtype,
-    _autocast,
-    _Batch,
-    _uses_bf16,
+    activation_dtype,
+    autocast,
     layer_losses,
     optimise,
+    uses_bf16,
 )
 from vkv.compress.targets import Targets
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SPANS = [  # a ~300-token span after a ~1400-token prefix; the fixture when the transcripts are absent
-    (ROOT / "transcripts" / "taskapi-express-sqlite.json", "turns:8-9"),
+    (ROOT / "transcripts" / "dev" / "taskapi-express-sqlite.json", "turns:8-9"),
     (ROOT / "tests" / "fixtures" / "mini-agent.json", "turns:3-7"),
 ]
 
@@ -65,23 +65,22 @@ class Span:
 
 
 def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: float) -> Span:
-    """Render, capture the span's per-layer V and surprisal, pool the targets: what `vkv compress` does."""
-    from vkv.compress.pooling import block_weights, num_virtual_tokens, partition
-    from vkv.compress.positions import virtual_positions
-    from vkv.compress.targets import build_targets
+    """Render, capture the span, build its problem with the default recipe: what `vkv compress` optimises."""
+    from vkv.compress.config import CompressConfig
+    from vkv.compress.pooling import num_virtual_tokens
+    from vkv.compress.problem import SpanProblem
     from vkv.lm.capture import capture_span
     from vkv.text.transcript import load_transcript, parse_turn_span, render
 
     transcript = load_transcript(transcript_path)
     rendered = render(transcript, lm.tokenizer)
     start, end = rendered.token_span(*parse_turn_span(span, transcript))
-    ids = torch.tensor(rendered.ids)
-    acts, cache = capture_span(lm, ids, start, end, keep_cache=True)
-    k = num_virtual_tokens(end - start, ratio)
-    blocks = partition(end - start, k)
-    targets = build_targets(lm, ids, acts, blocks, block_weights("surprisal", blocks, acts.surprisal), "v")
-    positions = virtual_positions("interpolate", start, end, k)
-    return Span(str(transcript_path), start, end, KVPrefix.from_cache(cache, start), targets, positions)
+    acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
+    config = CompressConfig(ratio=ratio)
+    message_starts = [s.start for s in rendered.spans]
+    problem = SpanProblem.build(lm, rendered.ids, acts, num_virtual_tokens(end - start, ratio), config, message_starts)
+    prefix = KVPrefix.from_cache(cache, start)
+    return Span(str(transcript_path), start, end, prefix, problem.targets, problem.positions)
 
 
 # ---- the reference loop -------------------------------------------------------------------------------
@@ -110,7 +109,7 @@ def reference_losses(
     )
     keys = [layer.keys[:, :, length:] for layer in cache.layers]
     values = [layer.values[:, :, length:] for layer in cache.layers]
-    if targets.kind == "kv-pre-rope":
+    if not targets.spec.rope_keys:
         keys = [lm.rotate(k, positions, inverse=True) for k in keys]
     return layer_losses(keys, values, targets, loss)
 
@@ -151,10 +150,10 @@ def vkv_loss_and_grad(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The loss vkv's optimiser minimises (mean over layers) and its gradient, through vkv's own forward."""
     config = config or OptimConfig()
-    batch = _Batch.build(lm, [(prefix, targets, positions)], _activation_dtype(lm, config.precision))
+    batch = Batch.build(lm, [(prefix, targets, positions)], activation_dtype(lm, config.precision))
     leaf = embeddings[None].to(lm.device).float().requires_grad_(True)
-    with lm.compute_weights(torch.bfloat16 if _uses_bf16(lm, config.precision) else None):
-        with _autocast(lm, config.precision):
+    with lm.compute_weights(torch.bfloat16 if uses_bf16(lm, config.precision) else None):
+        with autocast(lm, config.precision):
             loss = batch.per_layer_losses(lm, leaf, config.loss, lm.spec.num_layers - 1).float().mean()
         loss.backward()
     return loss.detach(), leaf.grad[0]
@@ -163,11 +162,11 @@ def vkv_loss_and_grad(
 def vkv_step(lm: FrozenLM, span: Span, embeddings: torch.Tensor, config: OptimConfig) -> Callable[[], None]:
     """One optimiser step's forward and backward, as `optimise` runs it (batch built and, in bf16, weights
     copied once, outside the step)."""
-    batch = _Batch.build(lm, [span.problem], _activation_dtype(lm, config.precision))
+    batch = Batch.build(lm, [span.problem], activation_dtype(lm, config.precision))
 
     def step():
         leaf = embeddings[None].to(lm.device).float().requires_grad_(True)
-        with _autocast(lm, config.precision):
+        with autocast(lm, config.precision):
             loss = batch.per_layer_losses(lm, leaf, config.loss, lm.spec.num_layers - 1).float().mean()
         loss.backward()
 
@@ -384,7 +383,7 @@ class Run:
 
 
 def _eval_loss(lm: FrozenLM, span: Span, embeddings: torch.Tensor) -> float:
-    batch = _Batch.build(lm, [span.problem])
+    batch = Batch.build(lm, [span.problem])
     with torch.no_grad():
         return float(
             batch.per_layer_losses(lm, embeddings[None].to(lm.device).float(), "mse", lm.spec.num_layers - 1)
@@ -405,7 +404,7 @@ def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimCon
         steps=steps, lr=lr, init="pooled", schedule="constant", patience=steps + 1, betas=(0.9, 0.999), precision="fp32"
     )
     defaults = _with(tuned, steps=max(steps * 2, tuned.steps))
-    default_precision = "bf16" if _uses_bf16(lm, defaults.precision) else "fp32"
+    default_precision = "bf16" if uses_bf16(lm, defaults.precision) else "fp32"
     log(f"  reference loop: {steps} steps")
     clock = StepClock()
     with working_memory(lm.device) as mem:
@@ -422,9 +421,9 @@ def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimCon
         clock = StepClock()
         with working_memory(lm.device) as mem:
             result: OptimResult = optimise(lm, *span.problem, config, on_step=clock)
-        precision = "bf16" if _uses_bf16(lm, config.precision) else "fp32"
+        precision = "bf16" if uses_bf16(lm, config.precision) else "fp32"
         with lm.compute_weights(torch.bfloat16 if precision == "bf16" else None):  # exist anyway: not kept
-            copies = list((lm._weight_copies or {}).values()) if precision == "bf16" else []
+            copies = lm.weight_copies() if precision == "bf16" else []
             saved = saved_activation_mb(
                 lm, lambda config=config: vkv_loss_and_grad(lm, *span.problem, x, config), prefix_tensors + copies
             )
