@@ -103,7 +103,7 @@ def test_bad_option_values_are_caught_when_planning(tmp_path):
         tmp_path,
         "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['vkv']\nratios = 2\npooling = 'loudest'\n",
     )
-    with pytest.raises(VkvError, match=r"exp.toml: field pooling: unknown value 'loudest'"):
+    with pytest.raises(VkvError, match=r"exp.toml: .*field pooling: unknown value 'loudest'"):
         plan(load_experiment(path), "cpu")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vkv.errors import VkvError
+from vkv.settings import add_arguments, from_args
 
 # Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -145,99 +147,27 @@ def _tokenizer_for(name: str):
 
 
 def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
-    from vkv.compress.config import BOUNDARIES, CompressConfig
-    from vkv.compress.optimise import INITS, LOSSES, SCHEDULES, OptimConfig
-    from vkv.compress.pooling import POOLING_RULES
-    from vkv.compress.positions import POSITION_SCHEMES
-    from vkv.compress.targets import TARGET_KINDS
+    """The span and ratio flags, then one flag per CompressConfig setting (vkv.settings)."""
+    from vkv.compress.config import CompressConfig
+    from vkv.settings import add_arguments
 
-    c, d = CompressConfig(), OptimConfig()
+    ratio = CompressConfig().ratio
     if several_ratios:
-        p.add_argument("--ratio", default="3.2", help="comma-separated compression ratios (span tokens per entry)")
+        p.add_argument("--ratio", default=str(ratio), help="comma-separated compression ratios (span tokens per entry)")
     else:
-        p.add_argument("--ratio", type=float, default=3.2, help="span tokens per virtual token (≥ 1)")
+        p.add_argument("--ratio", type=float, default=ratio, help="span tokens per virtual token (≥ 1)")
     p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
-    p.add_argument("--pooling", default=c.pooling, choices=sorted(POOLING_RULES))
-    p.add_argument("--positions", default=c.positions, choices=sorted(POSITION_SCHEMES))
-    p.add_argument("--target", default=c.target, choices=TARGET_KINDS)
-    p.add_argument(
-        "--attention-weight",
-        type=float,
-        default=c.attention_weight,
-        help="with --target v+attention: weight of the read-out error next to the V loss",
-    )
-    p.add_argument(
-        "--boundaries",
-        default=c.boundaries,
-        choices=BOUNDARIES,
-        help="blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass",
-    )
-    p.add_argument(
-        "--mass-floor",
-        type=float,
-        default=c.mass_floor,
-        help="with --boundaries surprisal: each token's block mass is its surprisal + this × the mean",
-    )
-    p.add_argument(
-        "--proportional-attention",
-        action=argparse.BooleanOptionalAction,
-        default=c.proportional_attention,
-        help="later queries add log(tokens per virtual token) to their attention logits",
-    )
-    p.add_argument("--init", default=d.init, choices=INITS)
-    p.add_argument("--loss", default=d.loss, choices=LOSSES)
-    p.add_argument("--schedule", default=d.schedule, choices=SCHEDULES)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--patience", type=int, default=d.patience)
-    p.add_argument("--seed", type=int, default=d.seed)
-    from vkv.compress.distill import PROBES, DistillConfig
-
-    dd = DistillConfig()
-    p.add_argument(
-        "--distill-steps",
-        type=int,
-        default=dd.steps,
-        help="after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)",
-    )
-    p.add_argument("--distill-lr", type=float, default=dd.lr)
-    p.add_argument("--distill-probes", default=",".join(dd.probes), help=f"comma-separated, from {', '.join(PROBES)}")
-    p.add_argument("--distill-tokens", type=int, default=dd.probe_tokens, help="tokens scored per probe")
+    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig)
 
 
 def compress_config_from_args(args: argparse.Namespace):
     from vkv.compress.config import CompressConfig
-    from vkv.compress.distill import DistillConfig
-    from vkv.compress.optimise import OptimConfig
+    from vkv.settings import from_args
 
-    optim = OptimConfig(
-        steps=args.steps,
-        lr=args.lr,
-        init=args.init,
-        loss=args.loss,
-        schedule=args.schedule,
-        patience=args.patience,
-        seed=args.seed,
-    ).validate()
-    ratio = args.ratio if isinstance(args.ratio, float) else 3.2  # eval sets the ratio per run
-    distill = DistillConfig(
-        steps=args.distill_steps,
-        lr=args.distill_lr,
-        probe_tokens=args.distill_tokens,
-        probes=tuple(x.strip() for x in args.distill_probes.split(",") if x.strip()),
-    ).validate()
-    return CompressConfig(
-        ratio=ratio,
-        pooling=args.pooling,
-        positions=args.positions,
-        target=args.target,
-        boundaries=args.boundaries,
-        proportional_attention=args.proportional_attention,
-        mass_floor=args.mass_floor,
-        attention_weight=args.attention_weight,
-        optim=optim,
-        distill=distill,
-    ).validate()
+    config = from_args(CompressConfig, args)
+    if isinstance(args.ratio, float):  # eval sets the ratio per run
+        config.ratio = args.ratio
+    return config.validate()
 
 
 @command("compress")
@@ -435,7 +365,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     ratios = _parse_list(args.ratio, float, "ratio")
     compress_config = compress_config_from_args(args)
-    settings = EvalSettings(min_gap=args.min_gap, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
     lm = load_from_args(args)
     results = []
     for transcript, turns in _eval_units(
@@ -642,6 +572,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from vkv.cli.multiturn import add_multiturn_args
+    from vkv.evals.runner import EvalSettings
 
     parser = argparse.ArgumentParser(prog="vkv", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -716,8 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compressed cache (the setting of method sequential)",
     )
     p.add_argument("--cache", help="also evaluate this compressed cache file")
-    p.add_argument("--min-gap", type=float, default=1.0, help="nats; smaller full-vs-none gaps are flagged weak")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    add_arguments(p.add_argument_group("scoring"), EvalSettings)
     p.add_argument("--json", help="write the eval JSON (a list of results) here")
 
     p = sub.add_parser("validate", help="check transcripts: schema, leakage, and with a model the context gap")
@@ -725,7 +655,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.set_defaults(model=None)
     p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
-    p.add_argument("--min-gap", type=float, default=1.0)
+    add_arguments(p.add_argument_group("scoring"), EvalSettings, skip=("max_new_tokens",))
 
     from vkv.sweep import add_sweep_args
     from vkv.sweep.report import add_report_args

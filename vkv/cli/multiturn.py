@@ -43,16 +43,16 @@ def add_multiturn_args(parser: argparse.ArgumentParser) -> None:
         "--hybrid",
         type=float,
         nargs="?",
-        const=0.15,
+        const=HybridConfig().fraction,
         default=None,
         metavar="FRACTION",
-        help="keep this share of tokens verbatim (default 0.15) and compress the rest",
+        help=f"keep this share of tokens verbatim (default {HybridConfig().fraction}) and compress the rest",
     )
-    g.add_argument("--keep-by", default="v-uniqueness", choices=KEEP_BY, help="which tokens --hybrid keeps")
+    g.add_argument("--keep-by", default=HybridConfig().keep_by, choices=KEEP_BY, help="which tokens --hybrid keeps")
     g.add_argument(
         "--max-verbatim-share",
         type=float,
-        default=0.5,
+        default=HybridConfig().max_share,
         help="verbatim tokens take at most this share of a turn's entry budget (short-turn rule)",
     )
     g.add_argument(
@@ -70,7 +70,7 @@ def wants_multiturn(args: argparse.Namespace) -> bool:
 
 
 def verbatim_config(args: argparse.Namespace) -> HybridConfig:
-    fraction = 0.15 if args.hybrid is None else args.hybrid
+    fraction = HybridConfig().fraction if args.hybrid is None else args.hybrid
     return HybridConfig(fraction, args.keep_by, args.max_verbatim_share).validate()
 
 

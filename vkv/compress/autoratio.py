@@ -21,6 +21,7 @@ from vkv.compress.pooling import num_virtual_tokens
 from vkv.compress.targets import Targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
+from vkv.settings import from_dict
 
 DEFAULT_LADDER = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
@@ -43,10 +44,9 @@ class AutoRatioConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AutoRatioConfig:
-        unknown = set(d) - {"max_loss", "ladder"}
-        if unknown:
-            raise VkvError(f"unknown auto-ratio setting(s): {', '.join(sorted(unknown))}")
-        return cls(float(d["max_loss"]), tuple(d.get("ladder", DEFAULT_LADDER))).validate()
+        if "max_loss" not in d:
+            raise VkvError("auto-ratio needs max_loss, its tolerance")
+        return from_dict(cls, {**d, "max_loss": float(d["max_loss"])}).validate()
 
 
 def v_loss(values: torch.Tensor, targets: Targets) -> list[float]:

@@ -2,29 +2,58 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from vkv.compress.distill import DistillConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.errors import VkvError
+from vkv.settings import from_dict, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
 
 
+def _pooling_rules():
+    from vkv.compress.pooling import POOLING_RULES
+
+    return sorted(POOLING_RULES)
+
+
+def _position_schemes():
+    from vkv.compress.positions import POSITION_SCHEMES
+
+    return sorted(POSITION_SCHEMES)
+
+
+def _target_kinds():
+    from vkv.compress.targets import TARGET_KINDS
+
+    return tuple(TARGET_KINDS)
+
+
 @dataclass
 class CompressConfig:
-    ratio: float = 3.2
-    pooling: str = "surprisal"
-    positions: str = "centres"  # each virtual token at the mean position of the tokens it stands for
-    target: str = "v"
-    attention_weight: float = 1.0  # target v+attention: weight of the read-out error next to the V loss
-    boundaries: str = "surprisal"  # blocks of equal surprisal mass; or "equal" token counts, or snapped to "lines"
-    mass_floor: float = 0.0  # boundaries "surprisal": each token's mass is its surprisal + this × the span's mean
-    proportional_attention: bool = True  # later queries weigh each virtual token by its block's token count
+    ratio: float = setting(3.2, "span tokens per virtual token (≥ 1)", cli=False)  # each command takes its own
+    pooling: str = setting("surprisal", "how tokens are weighted inside a block", _pooling_rules)
+    positions: str = setting(
+        "centres", "where virtual tokens sit: centres = the mean position of their block's tokens", _position_schemes
+    )
+    target: str = setting("v", "what the virtual tokens' K/V must match", _target_kinds)
+    attention_weight: float = setting(1.0, "with --target v+attention: weight of the read-out error next to the V loss")
+    boundaries: str = setting(
+        "surprisal",
+        "blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass",
+        BOUNDARIES,
+    )
+    mass_floor: float = setting(
+        0.0, "with --boundaries surprisal: each token's block mass is its surprisal + this × the span's mean"
+    )
+    proportional_attention: bool = setting(
+        True, "later queries add log(tokens per virtual token) to their attention logits"
+    )
     # (evals/RESULTS.md stage 1: retention 0.372 → 0.477 at 3.2×, better on three of four transcripts)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    distill: DistillConfig = field(default_factory=DistillConfig)  # a KL stage after the V match (off by default)
+    optim: OptimConfig = nested(OptimConfig)
+    distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
     def validate(self) -> CompressConfig:
         """One clear error naming the field for a setting no compression path accepts."""
@@ -53,15 +82,4 @@ class CompressConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CompressConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise VkvError(f"unknown compression setting(s): {', '.join(sorted(unknown))}")
-        nested = {}
-        for name, kind in (("optim", OptimConfig), ("distill", DistillConfig)):
-            given = d.get(name, {})
-            unknown_nested = set(given) - {f.name for f in fields(kind)}
-            if unknown_nested:
-                raise VkvError(f"unknown {name} setting(s): {', '.join(sorted(unknown_nested))}")
-            nested[name] = kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
-        return cls(**{**d, **nested})
+        return from_dict(cls, d)

@@ -16,6 +16,7 @@ import torch
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
+from vkv.settings import setting
 
 PROBES = ("continuation", "summary")
 SUMMARY_REQUEST = (
@@ -26,10 +27,10 @@ SUMMARY_REQUEST = (
 
 @dataclass
 class DistillConfig:
-    steps: int = 0  # 0: no distillation stage
-    lr: float = 3e-3
-    probes: tuple[str, ...] = PROBES
-    probe_tokens: int = 64  # tokens scored per probe (the summary's request comes on top)
+    steps: int = setting(0, "after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)")
+    lr: float = setting(3e-3, "the distillation stage's learning rate")
+    probes: tuple[str, ...] = setting(PROBES, f"probe texts, from {', '.join(PROBES)}")
+    probe_tokens: int = setting(64, "tokens scored per probe (the summary's request comes on top)")
 
     def validate(self) -> DistillConfig:
         unknown = set(self.probes) - set(PROBES)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
+from vkv.settings import from_dict
 
 KEEP_BY = ("v-uniqueness", "surprisal")
 
@@ -69,10 +70,7 @@ class HybridConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HybridConfig:
-        unknown = set(d) - {f.name for f in fields(cls)}
-        if unknown:
-            raise VkvError(f"unknown hybrid setting(s): {', '.join(sorted(unknown))}")
-        return cls(**d).validate()
+        return from_dict(cls, d).validate()
 
 
 # ---- which tokens stay verbatim -------------------------------------------------------------------

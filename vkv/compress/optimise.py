@@ -21,6 +21,7 @@ from vkv.compress.targets import TARGET_KINDS, AttentionTargets, Targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
+from vkv.settings import setting
 
 INITS = ("pooled", "random", "mean", "lstsq")
 LOSSES = ("mse", "cosine")
@@ -31,22 +32,29 @@ ADAM_EPS = 1e-8  # torch.optim.Adam's
 
 @dataclass
 class OptimConfig:
-    steps: int = 100  # evals/RESULTS.md: 300 steps lower the loss but not retention
-    lr: float = 1e-2
-    init: str = "lstsq"  # pooled, then layer 0's V matched exactly (least_squares_init); or pooled/random/mean
-    loss: str = "mse"  # variance-normalised MSE per layer, or 1 - cosine similarity per head vector
-    schedule: str = "constant"
-    patience: int = 50  # stop when the best loss has not improved by min_rel_improvement for this many steps
-    min_rel_improvement: float = 1e-3
-    clip: float = 1.0
-    max_lr_halvings: int = 4
-    seed: int = 0
-    layer_weights: tuple[float, ...] | None = None  # per-layer loss weights (default: equal); layers after the
-    # last nonzero weight are never run during optimisation
-    precision: str = "auto"  # activations in bf16 where its matmuls are fast (CUDA; CPUs with AMX for
-    # unquantised weights), else fp32; the embeddings being optimised stay fp32 either way
-    betas: tuple[float, float] = (0.8, 0.95)  # Adam's; reach a given loss in ~2/3 the steps of (0.9, 0.999)
-    target_loss: float | None = None  # stop as soon as the loss is at or below this
+    steps: int = setting(100, "Adam steps on the virtual embeddings")  # RESULTS: 300 lower the loss, not retention
+    lr: float = setting(1e-2, "Adam's learning rate")
+    init: str = setting(
+        "lstsq", "pooled embeddings, then layer 0's V matched exactly (lstsq); or pooled, random, mean", INITS
+    )
+    loss: str = setting("mse", "variance-normalised MSE per layer, or 1 - cosine similarity per head vector", LOSSES)
+    schedule: str = setting("constant", "learning-rate schedule", SCHEDULES)
+    patience: int = setting(50, "stop when the best loss has not improved by --min-rel-improvement for this many steps")
+    min_rel_improvement: float = setting(1e-3, "relative improvement that resets --patience")
+    clip: float = setting(1.0, "gradient-norm clip")
+    max_lr_halvings: int = setting(4, "times the learning rate is halved when a step makes the loss non-finite")
+    seed: int = setting(0, "seed of the random init and of everything else a run draws")
+    layer_weights: tuple[float, ...] | None = setting(
+        None, "per-layer loss weights (default: equal); layers after the last nonzero weight are never run"
+    )
+    precision: str = setting(
+        "auto",
+        "activations in bf16 where its matmuls are fast (CUDA; CPUs with AMX for unquantised weights), "
+        "else fp32; the embeddings being optimised stay fp32 either way",
+        PRECISIONS,
+    )
+    betas: tuple[float, float] = setting((0.8, 0.95), "Adam's betas; reach a loss in ~2/3 the steps of 0.9,0.999")
+    target_loss: float | None = setting(None, "stop as soon as the loss is at or below this")
 
     def validate(self) -> OptimConfig:
         for name, value, allowed in (

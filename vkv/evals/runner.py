@@ -26,14 +26,15 @@ from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.methods import Method, SpanWork
 from vkv.methods.base import TextMethod
+from vkv.settings import setting
 from vkv.text.transcript import Question, Transcript, continuation_ids, followup, render
 
 
 @dataclass
 class EvalSettings:
-    min_gap: float = 1.0  # nats; questions whose full-vs-none gap is smaller are flagged, not averaged
-    max_new_tokens: int = 24
-    seed: int = 0
+    min_gap: float = setting(1.0, "nats; questions whose full-vs-none gap is smaller are flagged, not averaged")
+    max_new_tokens: int = setting(24, "longest greedy answer, in tokens")
+    seed: int = setting(0, cli=False)  # the run's seed (the optimiser's --seed), recorded with the result
 
 
 @dataclass

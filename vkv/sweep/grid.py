@@ -14,6 +14,7 @@ from typing import Any
 import tomllib
 
 from vkv.errors import VkvError
+from vkv.settings import Setting, check_value, flat_settings, from_flat
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
 AXIS_NAMES = {"transcripts": "transcript", "methods": "method", "ratios": "ratio", "seeds": "seed"}
@@ -21,27 +22,12 @@ UNIT_KEYS = ("window", "window_turns", "span", "max_windows")
 PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
 
 
-def compress_keys() -> dict[str, Any]:
-    """Grid keys that set a CompressConfig or OptimConfig field, with their defaults (seed comes from `seeds`)."""
+def compress_settings() -> dict[str, Setting]:
+    """Grid keys that set a CompressConfig field (nested ones flat: steps, distill_steps), by key; the seed comes
+    from `seeds` and the ratio from `ratios`."""
     from vkv.compress.config import CompressConfig
-    from vkv.compress.optimise import OptimConfig
 
-    top = {
-        f.name: getattr(CompressConfig(), f.name)
-        for f in fields(CompressConfig)
-        if f.name not in ("ratio", "optim", "distill")
-    }
-    optim = {f.name: getattr(OptimConfig(), f.name) for f in fields(OptimConfig) if f.name != "seed"}
-    return {**top, **optim, **distill_keys()}
-
-
-DISTILL_PREFIX = "distill_"  # DistillConfig fields in a grid: distill_steps, distill_lr, distill_probes, ...
-
-
-def distill_keys() -> dict[str, Any]:
-    from vkv.compress.distill import DistillConfig
-
-    return {DISTILL_PREFIX + f.name: getattr(DistillConfig(), f.name) for f in fields(DistillConfig)}
+    return {s.key: s for s in flat_settings(CompressConfig) if s.key != "seed"}
 
 
 def eval_keys() -> dict[str, Any]:
@@ -77,7 +63,7 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
     if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
         raise VkvError(f"{p}: field grid must be an array of tables, written [[grid]]")
     merged = [_expand_globs(p, _merge(defaults, g)) for g in grids or [{}]]
-    allowed = (*PLAIN_KEYS, *compress_keys(), *_method_names())
+    allowed = (*PLAIN_KEYS, *compress_settings(), *_method_names())
     for i, grid in enumerate(merged):
         _no_unknown(p, f"[[grid]] #{i + 1}", grid, allowed)
     evals = _table(p, data, "eval")
@@ -212,9 +198,9 @@ def _relevant(point: dict, where: str) -> dict:
     out["seed"] = point["seed"]
     if not isinstance(out["seed"], int):
         raise VkvError(f"{where}: field seeds: seeds are integers, got {out['seed']!r}")
-    defaults = compress_keys()
+    settings = compress_settings()
     if "compress" in cls.options_taken:
-        out.update({k: _typed(k, v, defaults[k], where) for k, v in point.items() if k in defaults})
+        out.update({k: check_value(settings[k], v, f"{where}: ") for k, v in point.items() if k in settings})
     for key, value in point.items():
         owner, _, option = key.partition(".")
         if option and owner == name:
@@ -233,20 +219,6 @@ def _ratio(value, where: str) -> float | None:
     return float(value)
 
 
-def _typed(key: str, value, default, where: str):
-    if default is None or isinstance(default, tuple):  # layer_weights, betas: one TOML array becomes a tuple
-        if isinstance(default, tuple) and not isinstance(value, list):
-            raise VkvError(
-                f"{where}: field {key}: expected a list such as {list(default)}; to sweep it, give a list of lists"
-            )
-        return tuple(value) if isinstance(value, list) else value
-    if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if type(value) is not type(default):
-        raise VkvError(f"{where}: field {key}: expected {type(default).__name__}, got {value!r}")
-    return value
-
-
 def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=jsonable)
 
@@ -262,7 +234,6 @@ def jsonable(value: Any) -> Any:
 def build_method(point: dict):
     """The method object a point describes; its compression config carries the run's seed."""
     from vkv.compress.config import CompressConfig
-    from vkv.compress.optimise import OptimConfig
     from vkv.methods import METHODS, get_method
 
     name = point["method"]
@@ -271,17 +242,7 @@ def build_method(point: dict):
         for opt, v in ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))
     }
     if "compress" in METHODS[name].options_taken:
-        top = {f.name for f in fields(CompressConfig)}
-        optim = {k: v for k, v in point.items() if k in {f.name for f in fields(OptimConfig)}}
-        distill = {k[len(DISTILL_PREFIX) :]: v for k, v in point.items() if k in distill_keys()}
-        config = CompressConfig.from_dict(
-            {
-                **{k: v for k, v in point.items() if k in top - {"distill"}},
-                "optim": {**optim, "seed": point["seed"]},
-                "distill": distill,
-            }
-        )
-        options["compress"] = config.validate()
+        options["compress"] = from_flat(CompressConfig, point).validate()  # `seed` is a point key too
     return get_method(name, **options)
 
 

@@ -614,7 +614,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--transcript", default=None, help="default: a bundled transcript, else the test fixture")
     p.add_argument("--span", default=None, help="turns:A-B (default: a ~300-token span after a long prefix)")
-    p.add_argument("--ratio", type=float, default=3.2)
+    from vkv.compress.config import CompressConfig
+
+    p.add_argument("--ratio", type=float, default=CompressConfig().ratio)
     p.add_argument("--steps", type=int, default=20, help="reference-loop steps; its final loss is the target")
     p.add_argument("--lr", type=float, default=OptimConfig().lr)
     p.add_argument(

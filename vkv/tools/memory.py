@@ -332,7 +332,9 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda", help="cuda (bf16 activations) or cpu (fp32)")
     p.add_argument("--window", type=int, default=4096, help="context tokens the compression sees")
     p.add_argument("--span", type=int, default=None, help="tokens compressed (default: the whole window)")
-    p.add_argument("--ratio", type=float, default=3.2)
+    from vkv.compress.config import CompressConfig
+
+    p.add_argument("--ratio", type=float, default=CompressConfig().ratio)
     p.add_argument(
         "--precision",
         default="auto",

@@ -1,0 +1,98 @@
+"""Settings are declared once: every CompressConfig field is a flag of `vkv compress` and `vkv eval` and a sweep key."""
+
+import dataclasses
+import json
+
+import pytest
+
+from vkv.cli import build_parser, compress_config_from_args
+from vkv.compress.config import CompressConfig
+from vkv.errors import VkvError
+from vkv.settings import check_value, flat_settings, from_dict, from_flat
+from vkv.sweep.grid import build_method, expand, load_experiment
+
+SETTINGS = flat_settings(CompressConfig)
+
+
+def test_nested_settings_get_flat_keys():
+    keys = {s.key: s.path for s in SETTINGS}
+    assert keys["steps"] == ("optim", "steps") and keys["distill_steps"] == ("distill", "steps")
+    assert "ratio" not in keys  # each command takes its ratio its own way
+    assert len(keys) == len(SETTINGS)  # no two settings share a key
+
+
+def _changed(setting):
+    """A value different from the default that the setting accepts."""
+    allowed = setting.allowed()
+    if allowed:
+        return next(v for v in allowed if v != setting.default)
+    if isinstance(setting.default, bool):
+        return not setting.default
+    if setting.key == "distill_probes":
+        return ("summary",)
+    if isinstance(setting.default, tuple) or "tuple" in str(setting.kind):
+        return (0.5, 0.25)
+    if setting.default is None:
+        return 0.5
+    return type(setting.default)(setting.default + 1)
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+@pytest.mark.parametrize("command", ["compress", "eval"])
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.key)
+def test_every_setting_is_a_flag_that_reaches_the_config(command, setting):
+    value = _changed(setting)
+    flag = [setting.flag] if isinstance(value, bool) else [setting.flag, _text(value)]
+    if isinstance(value, bool) and not value:
+        flag = ["--no-" + setting.flag[2:]]
+    args = build_parser().parse_args(
+        [command, "t.json", *flag] + (["--out", "c.safetensors"] if command == "compress" else [])
+    )
+    config = compress_config_from_args(args)
+    node = config
+    for part in setting.path:
+        node = getattr(node, part)
+    assert node == value
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: s.key)
+def test_every_setting_is_a_sweep_key(tmp_path, setting):
+    value = _changed(setting)
+    if setting.key == "seed":  # the grid's seeds axis sets it
+        setting = dataclasses.replace(setting, key="seeds")
+        value = [value]
+    toml = json.dumps([list(value)] if isinstance(value, tuple) else value)  # a tuple value is one list in a list
+    (tmp_path / "t.json").write_text("{}")
+    (tmp_path / "e.toml").write_text(
+        f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["vkv"]\nratios = [2]\n'
+        f"{setting.key} = {toml}\n"
+    )
+    (point,) = expand(load_experiment(tmp_path / "e.toml"))
+    node = build_method(point).options["compress"]
+    for part in setting.path:
+        node = getattr(node, part)
+    assert node == (value[0] if setting.key == "seeds" else value)
+
+
+def test_from_dict_round_trips_and_refuses_unknown_keys():
+    config = CompressConfig(pooling="uniform")
+    config.optim.steps = 7
+    assert from_dict(CompressConfig, dataclasses.asdict(config)) == config
+    assert from_flat(CompressConfig, {"steps": 7, "pooling": "uniform", "unrelated": 1}) == config
+    with pytest.raises(VkvError, match="unknown CompressConfig setting.*poolin"):
+        from_dict(CompressConfig, {"poolin": "uniform"})
+    with pytest.raises(VkvError, match="unknown OptimConfig setting.*stepz"):
+        from_dict(CompressConfig, {"optim": {"stepz": 3}})
+
+
+def test_check_value_names_the_field():
+    steps = next(s for s in SETTINGS if s.key == "steps")
+    pooling = next(s for s in SETTINGS if s.key == "pooling")
+    assert check_value(next(s for s in SETTINGS if s.key == "lr"), 1, "") == 1.0
+    with pytest.raises(VkvError, match="field steps: expected int"):
+        check_value(steps, "many", "")
+    with pytest.raises(VkvError, match="field pooling: unknown value 'median'"):
+        check_value(pooling, "median", "")
