@@ -40,7 +40,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
 
 def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F811
     config = CompressConfig(boundaries="surprisal", mass_floor=0.0, positions="centres", optim=OptimConfig(steps=2))
-    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
+    segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2
     )
     work = evaluation.work

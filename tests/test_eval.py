@@ -1,5 +1,6 @@
 """Every method through the same harness (tiny model), ratio accounting, and question-agnosticism."""
 
+import dataclasses
 import json
 
 import pytest
@@ -36,7 +37,7 @@ def mini_transcript_path_module():
 @pytest.mark.parametrize("name", sorted(METHODS))
 @pytest.mark.parametrize("ratio", [2.0, 3.2])
 def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio, tiny_lamr_checkpoint):
-    method = get_method(name, compress=FAST, checkpoint=tiny_lamr_checkpoint)
+    method = get_method(name, recipe=FAST, checkpoint=tiny_lamr_checkpoint)
     result = evaluation.evaluate(method, ratio)
     span = evaluation.end - evaluation.start
     assert result["span_tokens"] == span
@@ -77,7 +78,7 @@ def test_compression_never_receives_the_questions(evaluation, monkeypatch):
     for cls in METHODS.values():
         monkeypatch.setattr(cls, "compress", _recording(cls.compress, seen))
     for name in ("truncate", "snapkv", "vkv"):
-        evaluation.evaluate(get_method(name, compress=FAST), 3.0)
+        evaluation.evaluate(get_method(name, recipe=FAST), 3.0)
     assert len(seen) == 3
     for work in seen:
         text = evaluation.lm.tokenizer.decode(work.ids)
@@ -87,15 +88,12 @@ def test_compression_never_receives_the_questions(evaluation, monkeypatch):
             assert q.question not in text
 
 
+@dataclasses.dataclass
 class _KeepEvenLines(TextMethod):
     """A text method that records the query it is given and keeps every other line of each message."""
 
     name = "even-lines"
-    options_taken = ("query_aware",)
-
-    def __init__(self, **options):
-        super().__init__(**options)
-        self.queries = []
+    queries: list = dataclasses.field(default_factory=list)
 
     def prune(self, work, ratio):
         self.queries.append(work.query)
@@ -125,9 +123,9 @@ def test_text_methods_get_the_latest_request_unless_query_aware(evaluation):
 
 
 def _recording(fn, seen):
-    def wrapper(self, work, ratio, **kw):
+    def wrapper(self, work, ratio, *args, **kw):
         seen.append(work)
-        return fn(self, work, ratio, **kw)
+        return fn(self, work, ratio, *args, **kw)
 
     return wrapper
 

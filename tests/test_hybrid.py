@@ -35,7 +35,7 @@ def verbatim_entries(segment):
 @pytest.mark.parametrize("keep_by", ["v-uniqueness", "surprisal"])
 def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluation, keep_by):
     work = evaluation.work
-    method = get_method("hybrid", compress=FAST, verbatim=HybridConfig(0.15, keep_by))
+    method = get_method("hybrid", recipe=FAST, verbatim=HybridConfig(0.15, keep_by))
     segment = method.compress(work, 3.2)
     assert segment.entries == work.budget(3.2)  # verbatim and virtual entries together meet the ratio
     kept = verbatim_entries(segment)
@@ -59,7 +59,7 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
     config = CompressConfig(proportional_attention=False, optim=OptimConfig(steps=2))
-    segment = get_method("hybrid", compress=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
+    segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2
     )
     assert segment.mass is None
@@ -67,7 +67,7 @@ def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
 
 def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):
     with pytest.warns(ShortTurnWarning):  # 15% of the span would take 73% of the 4.8× budget
-        result = evaluation.evaluate(get_method("hybrid", compress=FAST), 4.8)
+        result = evaluation.evaluate(get_method("hybrid", recipe=FAST), 4.8)
     span = evaluation.end - evaluation.start
     assert result["compressed_entries"] == round(span / 4.8)
     assert result["optimisation"]["verbatim_kept"] + result["optimisation"]["virtual_entries"] == round(span / 4.8)
@@ -108,7 +108,7 @@ def test_short_turn_rule_caps_the_verbatim_share_and_warns(evaluation):
     assert verbatim_share(1000, 312, HybridConfig()).capped is False
     assert verbatim_share(10, 1, HybridConfig(max_share=0.9)).kept == 0  # one entry is always virtual
     with pytest.warns(ShortTurnWarning, match="keeping"):
-        segment = get_method("hybrid", compress=FAST).compress(evaluation.work, 6.0)
+        segment = get_method("hybrid", recipe=FAST).compress(evaluation.work, 6.0)
     assert segment.stats["verbatim_capped"] is True
     assert segment.stats["verbatim_kept"] == int(0.5 * evaluation.work.budget(6.0))
 
@@ -120,4 +120,4 @@ def test_bad_hybrid_settings_are_clear_errors(evaluation):
         HybridConfig(fraction=1.5).validate()
     post_rope = CompressConfig(target="kv-post-rope", optim=OptimConfig(steps=1))
     with pytest.raises(VkvError, match="kv-post-rope"):
-        get_method("hybrid", compress=post_rope).compress(evaluation.work, 3.2)
+        get_method("hybrid", recipe=post_rope).compress(evaluation.work, 3.2)

@@ -104,7 +104,7 @@ def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
     turns = message_turns(work.message_starts, None, work.start, work.end)
     records = {}
     for mode in ("oracle", "online"):
-        group = get_method("sequential", compress=FAST, targets=mode).compress(work, 2.0)
+        group = get_method("sequential", recipe=FAST, targets=mode).compress(work, 2.0)
         rows = group.stats["turns"]
         assert group.entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
         assert [r["targets"] for r in rows] == [mode] * len(turns) and len(rows) == 5
@@ -124,14 +124,14 @@ def test_budget_is_shared_exactly_over_turns():
 
 
 def test_sequential_method_splices_one_segment_per_message(evaluation):
-    result = evaluation.evaluate(get_method("sequential", compress=FAST), 3.0)
+    result = evaluation.evaluate(get_method("sequential", recipe=FAST), 3.0)
     span = evaluation.end - evaluation.start
     rows = result["optimisation"]["turns"]
     assert result["compressed_entries"] == round(span / 3.0) == sum(r["entries"] for r in rows)
     assert len(result["optimisation"]["turns"]) == 5 and len(result["questions"]) == 2
     first, last = evaluation.turns
     assert [r["role"] for r in rows] == [m.role for m in evaluation.transcript.messages[first:last]]
-    group = get_method("sequential", compress=FAST).compress(evaluation.work, 3.0)
+    group = get_method("sequential", recipe=FAST).compress(evaluation.work, 3.0)
     assert isinstance(group, SegmentGroup) and len(group) == 5
     assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries
 

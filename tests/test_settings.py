@@ -71,7 +71,7 @@ def test_every_setting_is_a_sweep_key(tmp_path, setting):
         f"{setting.key} = {toml}\n"
     )
     (point,) = expand(load_experiment(tmp_path / "e.toml"))
-    node = build_method(point).options["compress"]
+    node = build_method(point).recipe
     for part in setting.path:
         node = getattr(node, part)
     assert node == (value[0] if setting.key == "seeds" else value)

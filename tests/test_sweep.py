@@ -345,4 +345,4 @@ def test_eviction_methods_take_per_turn_as_a_grid_option(tmp_path):
         "longcodezip = { per_turn = true }\n",
     )
     methods = [build_method(p) for p in expand(load_experiment(path))]
-    assert [m.options.get("per_turn") for m in methods] == [True, True, True]
+    assert [m.per_turn for m in methods] == [True, True, True]

@@ -357,8 +357,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in methods:
         if name not in METHODS:
             raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
-        if args.per_turn and METHODS[name].uses_ratio and "per_turn" not in METHODS[name].options_taken:
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.options_taken)
+        if args.per_turn and METHODS[name].uses_ratio and "per_turn" not in METHODS[name].option_names():
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
             raise VkvError(
                 f"--per-turn: method '{name}' has no per-turn mode (methods with one: {per_turn}; vkv's "
                 "is the method sequential)"
@@ -378,7 +378,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         for name in methods:
             method = get_method(
                 name,
-                compress=compress_config,
+                recipe=compress_config,
                 query_aware=args.query_aware,
                 checkpoint=args.checkpoint,
                 **method_options(args),
@@ -386,7 +386,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
             for ratio in ratios if method.uses_ratio else [None]:
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
-                if name in ("vkv",):
+                if method.reports_steps:
                     with step_bar(label, compress_config.optim.steps, console) as on_step:
                         results.append(evaluation.evaluate(method, ratio, on_step))
                 else:

@@ -88,6 +88,7 @@ class TranscriptEval:
         )
         self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none = self.measure(self.splice(None))
+        self.references = {"full": self.full, "none": self.none}  # the reference methods, measured once
 
     def _prepare(self, q: Question, rendered, transcript: Transcript) -> PreparedQuestion:
         prompt, text = followup(self.lm.tokenizer, rendered, transcript, q.question, q.answer_prefix)
@@ -122,14 +123,8 @@ class TranscriptEval:
         if isinstance(method, TextMethod):
             return self._evaluate_text(method, ratio or 1.0)
         started = time.perf_counter()
-        if method.name == "full":
-            segment, measured = self.work.keep(list(range(self.end - self.start))), self.full
-        elif method.name == "none":
-            segment, measured = None, self.none
-        else:
-            kwargs = {"on_step": on_step} if on_step and method.name in ("vkv", "meanpool") else {}
-            segment = method.compress(self.work, ratio or 1.0, **kwargs)
-            measured = None
+        segment = method.compress(self.work, ratio or 1.0, on_step)
+        measured = self.references[method.name] if method.reference else None
         seconds = time.perf_counter() - started
         spliced = self.splice(segment)
         if measured is None:

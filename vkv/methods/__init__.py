@@ -1,4 +1,4 @@
-"""Registry of context-compression methods, one file each; all share `Method.compress(work, ratio)`."""
+"""Registry of context-compression methods, one file each; all share `Method.compress(work, ratio, on_step)`."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def get_method(name: str, **options) -> Method:
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
     cls = METHODS[name]
-    return cls(**{k: v for k, v in options.items() if k in cls.options_taken})
+    return cls(**{k: v for k, v in options.items() if k in cls.option_names()})
 
 
 __all__ = ["METHODS", "Method", "SpanWork", "get_method"]

@@ -6,14 +6,15 @@ A method sees the rendered conversation and the span to compress, never the eval
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import torch
 
 from vkv.compress.pooling import num_virtual_tokens
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, SegmentGroup
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 
@@ -57,22 +58,33 @@ class SpanWork:
         return attention_to_span(self.lm, self.ids[: self.end], key_range, query_range)
 
 
+@dataclass
 class Method:
-    """A KV-level method: returns the segment that stands for the span (None: the span is dropped)."""
+    """A KV-level method. Its options are the dataclass fields of its class, each with its default; `compress`
+    returns the segment (or group of segments, in span order) standing for the span, or None to drop it."""
 
     name: ClassVar[str]
-    question_aware: ClassVar[bool] = False
     uses_ratio: ClassVar[bool] = True
-    options_taken: ClassVar[tuple[str, ...]] = ()  # e.g. ("window", "kernel"); others are dropped by get_method
+    reference: ClassVar[bool] = False  # full and none: the harness measures them once per window
+    reports_steps: ClassVar[bool] = False  # calls on_step(step, loss) while it optimises
 
-    def __init__(self, **options: Any):
-        self.options = options
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls) if f.init)
 
-    def compress(self, work: SpanWork, ratio: float) -> Segment | None:
+    @property
+    def question_aware(self) -> bool:
+        """Whether it was given what no live agent has (an evaluation question)."""
+        return False
+
+    def compress(
+        self, work: SpanWork, ratio: float, on_step: Callable[[int, float], None] | None = None
+    ) -> Segment | SegmentGroup | None:
         raise NotImplementedError
 
     def config(self) -> dict[str, Any]:
-        return dict(self.options)
+        """Every option with its effective value: what the run's identity and results record."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
 
 @dataclass
@@ -84,6 +96,7 @@ class TextWork:
     query: str  # the conversation's most recent user request, never an evaluation question
 
 
+@dataclass
 class TextMethod(Method):
     """A text-level method: returns each span message's pruned content; the harness re-renders and prefills
     the shorter conversation and measures the achieved ratio with the generator's tokenizer.
@@ -91,9 +104,12 @@ class TextMethod(Method):
     With `query_aware=True` the harness prunes once per evaluation question, with the question as the query:
     an upper bound that no live agent has, reported with `question_aware: true`."""
 
-    def __init__(self, **options: Any):
-        super().__init__(**options)
-        self.question_aware = bool(options.get("query_aware", False))
+    query_aware: bool = False
+    per_turn: bool = False  # prune each message when it ends, with the request known then
+
+    @property
+    def question_aware(self) -> bool:
+        return self.query_aware
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
         raise NotImplementedError
@@ -102,6 +118,6 @@ class TextMethod(Method):
         """Each span message's pruned content. `queries[i]` is the query known when message i ends; the span is
         pruned at once for the last one, or with `per_turn=True` each message on its own when it ends, with
         the query of that moment (the text analogue of per-turn eviction)."""
-        if self.options.get("per_turn"):
+        if self.per_turn:
             return [self.prune(TextWork(lm, [m], q), ratio)[0] for m, q in zip(messages, queries)]
         return self.prune(TextWork(lm, messages, queries[-1]), ratio)

@@ -9,6 +9,8 @@ the next message. The span's entry budget is shared over the messages in proport
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
@@ -16,16 +18,17 @@ from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import Method, SpanWork
 
 
+@dataclass
 class EvictionMethod(Method):
     """A KV-eviction method: `select(work, budget)` returns the span-relative indices of the entries to keep."""
 
-    options_taken: tuple[str, ...] = ("per_turn",)
+    per_turn: bool = False  # compress each message when it ends, on top of the running compressed cache
 
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def compress(self, work: SpanWork, ratio: float) -> Segment | SegmentGroup:
-        if self.options.get("per_turn"):
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
+        if self.per_turn:
             return self.compress_per_turn(work, ratio)
         return work.keep(self.select(work, work.budget(ratio)))
 

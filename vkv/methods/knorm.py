@@ -1,9 +1,12 @@
+from dataclasses import dataclass
+
 import torch
 
 from vkv.methods.base import SpanWork
 from vkv.methods.eviction import EvictionMethod
 
 
+@dataclass
 class KeyNorm(EvictionMethod):
     """Keep the tokens whose keys have the lowest L2 norm (averaged over layers and KV heads)."""
 

@@ -1,4 +1,6 @@
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vkv.errors import VkvError
 from vkv.methods.base import TextMethod, TextWork
@@ -12,23 +14,21 @@ def default_checkpoint() -> Path:
     return vkv_home() / "lamr-demo" / "semantic-dependency"
 
 
+@dataclass
 class LaMRMethod(TextMethod):
     """LaMR on the conversation: the span's messages are one document whose lines the learned pruner ranks by
     keep probability for the query; the best lines that fit the budget survive, so dense messages give up
     fewer lines than chatty ones. A removed run of lines inside a message becomes one `…` line."""
 
     name = "lamr"
-    options_taken = ("checkpoint", "query_aware", "per_turn")
-
-    def __init__(self, **options):
-        super().__init__(**options)
-        self._pruner = None
+    checkpoint: str | None = None  # None: the demonstration checkpoint in $VKV_HOME/lamr-demo
+    _pruner: Any = field(default=None, init=False, repr=False, compare=False)  # loaded on first use
 
     def pruner(self):
         if self._pruner is None:
             from vkv.backends.lamr import LaMR
 
-            checkpoint = Path(self.options.get("checkpoint") or default_checkpoint())
+            checkpoint = Path(self.checkpoint or default_checkpoint())
             if not checkpoint.exists():
                 raise VkvError(
                     f"--checkpoint {checkpoint}: no LaMR checkpoint there; train the demonstration one "
@@ -52,7 +52,7 @@ class LaMRMethod(TextMethod):
 
     def config(self) -> dict:
         return {
-            "checkpoint": str(self.options.get("checkpoint") or default_checkpoint()),
+            "checkpoint": str(self.checkpoint or default_checkpoint()),
             "query": "each evaluation question" if self.question_aware else "latest user request",
         }
 

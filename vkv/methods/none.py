@@ -1,11 +1,15 @@
+from dataclasses import dataclass
+
 from vkv.methods.base import Method, SpanWork
 
 
+@dataclass
 class NoContext(Method):
     """The span removed, later positions kept: the lower reference of every metric."""
 
     name = "none"
     uses_ratio = False
+    reference = True
 
-    def compress(self, work: SpanWork, ratio: float) -> None:
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> None:
         return None

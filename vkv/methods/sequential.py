@@ -1,3 +1,6 @@
+from dataclasses import dataclass
+
+from vkv.compress.autoratio import AutoRatioConfig
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_turns, message_turns
@@ -7,23 +10,27 @@ from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import Method, SpanWork
 
 
+@dataclass
 class Sequential(Method):
     """Each message of the span compressed on its own, in order, on top of the running compressed cache
     (the seed's sequential multi-turn experiment); targets `oracle` (full history) or `online`."""
 
     name = "sequential"
-    options_taken = ("compress", "targets", "hybrid", "auto_ratio")
+    recipe: CompressConfig | None = None  # None: the defaults
+    targets: str = "oracle"  # or "online"
+    hybrid: HybridConfig | float | None = None  # a HybridConfig, or just the verbatim fraction
+    auto_ratio: AutoRatioConfig | None = None
 
     def settings(self, ratio: float) -> MultiTurnConfig:
-        compress = self.options.get("compress") or CompressConfig()
+        compress = self.recipe or CompressConfig()
         return MultiTurnConfig(
             compress=CompressConfig.from_dict({**compress.to_dict(), "ratio": ratio}),
-            targets=self.options.get("targets") or "oracle",
-            hybrid=_hybrid(self.options.get("hybrid")),
-            auto_ratio=self.options.get("auto_ratio"),
+            targets=self.targets or "oracle",
+            hybrid=_hybrid(self.hybrid),
+            auto_ratio=self.auto_ratio,
         ).validate()
 
-    def compress(self, work: SpanWork, ratio: float) -> SegmentGroup:
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> SegmentGroup:
         config = self.settings(ratio)
         cache = SplicedCache()
         if work.start > 0:

@@ -1,20 +1,24 @@
+from dataclasses import dataclass
+
 import torch
 
 from vkv.methods.base import SpanWork
 from vkv.methods.eviction import EvictionMethod
 
 
+@dataclass
 class SnapKV(EvictionMethod):
     """SnapKV, question-agnostic: the last tokens of the span are the observation window; the rest are scored
     by the window's attention (pooled over neighbours) and the top ones kept. Selection is per token, shared
     by all layers and heads, so every kept entry has one position."""
 
     name = "snapkv"
-    options_taken = ("window", "kernel", *EvictionMethod.options_taken)
+    window: int = 32  # the observation window: the span's last tokens, whose attention scores the rest
+    kernel: int = 5  # scores are pooled over this many neighbours
 
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
-        window = max(1, min(int(self.options.get("window", 32)), budget // 2))
-        kernel = int(self.options.get("kernel", 5))
+        window = max(1, min(int(self.window), budget // 2))
+        kernel = int(self.kernel)
         observed_end = work.span_length - window
         if observed_end <= 0 or budget <= window:
             return torch.arange(work.span_length - budget, work.span_length)

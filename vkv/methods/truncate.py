@@ -1,9 +1,12 @@
+from dataclasses import dataclass
+
 import torch
 
 from vkv.methods.base import SpanWork
 from vkv.methods.eviction import EvictionMethod
 
 
+@dataclass
 class Truncate(EvictionMethod):
     """Keep the most recent span tokens' K/V at their positions (what agents do when they drop old turns)."""
 

@@ -199,13 +199,13 @@ def _relevant(point: dict, where: str) -> dict:
     if not isinstance(out["seed"], int):
         raise VkvError(f"{where}: field seeds: seeds are integers, got {out['seed']!r}")
     settings = compress_settings()
-    if "compress" in cls.options_taken:
+    if "recipe" in cls.option_names():
         out.update({k: check_value(settings[k], v, f"{where}: ") for k, v in point.items() if k in settings})
     for key, value in point.items():
         owner, _, option = key.partition(".")
         if option and owner == name:
-            if option not in cls.options_taken or option == "compress":
-                taken = ", ".join(o for o in cls.options_taken if o != "compress") or "none"
+            if option not in cls.option_names() or option == "recipe":
+                taken = ", ".join(o for o in cls.option_names() if o != "recipe") or "none"
                 raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
             out[key] = value
     return out
@@ -241,8 +241,8 @@ def build_method(point: dict):
         opt: _option(name, opt, v)
         for opt, v in ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))
     }
-    if "compress" in METHODS[name].options_taken:
-        options["compress"] = from_flat(CompressConfig, point).validate()  # `seed` is a point key too
+    if "recipe" in METHODS[name].option_names():
+        options["recipe"] = from_flat(CompressConfig, point).validate()  # `seed` is a point key too
     return get_method(name, **options)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.methods import METHODS
 from vkv.sweep.grid import Experiment, build_method
 from vkv.sweep.plan import Run
 from vkv.sweep.results import ResultsFile
@@ -142,8 +143,9 @@ def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, 
 
     point = run.point
     label = f"{run.unit.label} {point['method']}" + (f" @ {point['ratio']}×" if point["ratio"] else "")
-    steps = run.identity["config"].get("optim", {}).get("steps") if point["method"] == "vkv" else None
-    task = progress.add_task(label, total=steps or None, loss="—")  # only vkv reports its steps
+    reports_steps = METHODS[point["method"]].reports_steps
+    steps = run.identity["config"].get("optim", {}).get("steps") if reports_steps else None
+    task = progress.add_task(label, total=steps or None, loss="—")
 
     def on_step(step: int, loss: float) -> None:
         progress.update(task, completed=step, loss=f"{loss:.4f}")
