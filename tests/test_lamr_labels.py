@@ -3,7 +3,7 @@
 import pytest
 
 from vkv.backends.lamr.labels import LabelConfig, rubric_labels
-from vkv.backends.lamr.tssource import has_grammar
+from vkv.backends.source.treesitter import grammar_installed
 
 CODE = """import json
 import os
@@ -102,7 +102,7 @@ def test_negative_and_unparseable_records():
     assert text.analysis == "none" and text.denoised == [0, 1]
 
 
-@pytest.mark.skipif(not has_grammar("javascript"), reason="tree-sitter-javascript not installed")
+@pytest.mark.skipif(not grammar_installed("javascript"), reason="tree-sitter-javascript not installed")
 def test_tree_sitter_dependency_for_javascript():
     js = 'import { readFile } from "fs";\nimport path from "path";\n\nfunction load(name) {\n  if (name) {\n    return readFile(name);\n  }\n  return null;\n}\n'
     labels = rubric_labels(js, [5], 1.0, language="javascript")

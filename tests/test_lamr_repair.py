@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from vkv.backends.lamr.repair import RepairConfig, render_selection, repair
-from vkv.backends.lamr.textlines import split_lines
-from vkv.backends.lamr.tssource import has_grammar
+from vkv.backends.source.lines import split_lines
+from vkv.backends.source.treesitter import grammar_installed
 
 SOURCE = '''import os
 import sys
@@ -174,7 +174,7 @@ def test_python_output_always_parses_on_random_selections():
     assert checked == 100
 
 
-@pytest.mark.skipif(not has_grammar("go"), reason="tree-sitter-go not installed")
+@pytest.mark.skipif(not grammar_installed("go"), reason="tree-sitter-go not installed")
 def test_tree_sitter_repair_closes_blocks_and_imports():
     import tree_sitter
     import tree_sitter_go

@@ -10,9 +10,12 @@ import pytest
 
 from vkv.backends.longcodezip.chunking import ChunkLimits, chunk_document
 from vkv.backends.longcodezip.closure import close_kept_lines
-from vkv.backends.longcodezip.document import FREE, parse_document, parse_messages
-from vkv.backends.longcodezip.languages import detect_language, lookup_language, parser_for
+from vkv.backends.longcodezip.document import parse_document, parse_messages
+from vkv.backends.longcodezip.languages import NODE_ROLES, detect_language
 from vkv.backends.longcodezip.render import render
+from vkv.backends.longcodezip.units import FREE
+from vkv.backends.source.languages import LANGUAGES, lookup_language
+from vkv.backends.source.treesitter import parser_for
 from vkv.errors import VkvError
 
 PYTHON = '''\
@@ -303,6 +306,10 @@ def test_language_detection_by_extension_with_override():
     assert lookup_language("JS").name == "javascript"
     with pytest.raises(VkvError, match="unknown language 'cobol'"):
         lookup_language("cobol")
+
+
+def test_every_language_with_a_grammar_has_node_roles():
+    assert {name for name, language in LANGUAGES.items() if language.grammar} == set(NODE_ROLES)
 
 
 @pytest.mark.parametrize("language", sorted(SAMPLES))

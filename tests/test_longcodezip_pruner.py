@@ -16,8 +16,8 @@ import torch
 
 from vkv.backends.longcodezip import LongCodeZip, LongCodeZipSettings, read_source
 from vkv.backends.longcodezip.cli import run_prune
-from vkv.backends.longcodezip.languages import parser_for
 from vkv.backends.longcodezip.tokens import count_tokens
+from vkv.backends.source.treesitter import parser_for
 from vkv.errors import VkvError
 from vkv.lm import zoo
 from vkv.lm.frozen import FrozenLM

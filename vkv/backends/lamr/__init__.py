@@ -5,7 +5,8 @@ prompt.py (reranker prompt, chunks) · labels.py (rubric labels from AST analysi
 · repair.py + render.py (AST-aware repair, placeholders) · inference.py (chunks → line scores) ·
 records.py + dataset.py + train.py (SWE-Pruner records, training) · evaluate.py (end-to-end validation) ·
 corpus.py (synthetic corpus from local Python) · checkpoint.py (ours and SWE-Pruner's layout) ·
-pruner.py (`LaMR`, the TextPruner) · cli.py (what the command line calls).
+pruner.py (`LaMR`, the TextPruner) · cli.py (what the command line calls). Lines, the language table,
+tree-sitter parsers and placeholder text are shared with longcodezip in vkv.backends.source.
 """
 
 from vkv.backends.lamr.checkpoint import SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner, save_checkpoint

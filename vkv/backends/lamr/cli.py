@@ -19,34 +19,16 @@ from vkv.backends.lamr.labels import LabelConfig
 from vkv.backends.lamr.model import LaMRConfig
 from vkv.backends.lamr.records import Record, read_records, write_records
 from vkv.backends.lamr.train import TrainConfig, TrainSummary
+from vkv.backends.source.languages import language_of_path
 from vkv.errors import VkvError
-
-EXTENSIONS = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".cjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".tsx": "tsx",
-    ".java": "java",
-    ".go": "go",
-    ".rs": "rust",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hpp": "cpp",
-    ".hh": "cpp",
-}
 
 
 def language_for(path: Path, text: str) -> str | None:
+    """The language its extension names if LaMR can parse that language; otherwise guessed from the text."""
     from vkv.backends.lamr.pruner import guess_language
 
-    return EXTENSIONS.get(path.suffix.lower()) or guess_language(text)
+    language = language_of_path(path)
+    return language.name if language is not None and language.grammar is not None else guess_language(text)
 
 
 def prune_file(

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vkv.backends.lamr.records import Record
-from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.source.lines import split_lines
 from vkv.errors import VkvError
 
 _SKIP_PARTS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}

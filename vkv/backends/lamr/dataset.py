@@ -16,7 +16,7 @@ from vkv.backends.lamr.labels import TARGETS, LabelConfig, RubricLabels, rubric_
 from vkv.backends.lamr.model import LaMRConfig, RerankerBackbone
 from vkv.backends.lamr.prompt import Chunk, CodeTokens, make_chunks, tokenize_code
 from vkv.backends.lamr.records import Record
-from vkv.backends.lamr.textlines import LineIndex
+from vkv.backends.source.lines import LineIndex
 
 
 @dataclass

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import torch
 
 from vkv.backends.lamr.dataset import EncodedSet
-from vkv.backends.lamr.inference import chunk_scores, combine, select_lines
+from vkv.backends.lamr.inference import chunk_scores, combine, pad_token_id, select_lines
 from vkv.backends.lamr.model import LaMRModel
 from vkv.backends.lamr.repair import RepairConfig, render_selection, repair
-from vkv.backends.lamr.textlines import LineIndex
-from vkv.backends.lamr.train import _pad_id, forward, make_batch, prf
+from vkv.backends.lamr.train import forward, make_batch, prf
+from vkv.backends.source.lines import LineIndex
 
 
 @dataclass
@@ -100,7 +100,7 @@ def _chunk_scores_by_record(model, encoded, batch_size, autocast):
         group = examples[start : start + batch_size]
         chunks = [e.chunk for e in group]
         if all(e.features is not None for e in group):
-            batch = make_batch(group, _pad_id(model), model.device)
+            batch = make_batch(group, pad_token_id(model), model.device)
             scores = chunk_scores(model, forward(model, batch, autocast), chunks)
         else:
             scores = run_chunks(model, chunks, batch_size)

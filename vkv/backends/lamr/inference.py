@@ -18,7 +18,7 @@ import torch
 from vkv.backends.lamr.crf import KEEP
 from vkv.backends.lamr.model import LaMRModel, LaMROutput
 from vkv.backends.lamr.prompt import Chunk, CodeTokens, make_chunks, tokenize_code
-from vkv.backends.lamr.textlines import LineIndex
+from vkv.backends.source.lines import LineIndex
 
 
 @dataclass
@@ -36,6 +36,12 @@ class LineScores:
     relevance: float  # max over chunks
     chunks: int
     code_tokens: int
+
+
+def pad_token_id(model: LaMRModel) -> int:
+    """The id batches are padded with: the tokenizer's pad token, or 0 when it has none."""
+    pad = model.tokenizer.pad_token_id
+    return 0 if pad is None else int(pad)
 
 
 def pad_batch(sequences: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,11 +81,10 @@ def chunk_scores(model: LaMRModel, output: LaMROutput, chunks: list[Chunk]) -> l
 
 @torch.no_grad()
 def run_chunks(model: LaMRModel, chunks: list[Chunk], batch_size: int = 4) -> list[ChunkScores]:
-    pad_id = model.tokenizer.pad_token_id if model.tokenizer.pad_token_id is not None else 0
     scores: list[ChunkScores] = []
     for start in range(0, len(chunks), batch_size):
         batch = chunks[start : start + batch_size]
-        ids, attention = pad_batch([c.input_ids for c in batch], pad_id, model.device)
+        ids, attention = pad_batch([c.input_ids for c in batch], pad_token_id(model), model.device)
         scores += chunk_scores(model, model(ids, attention), batch)
     return scores
 

@@ -23,8 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vkv.backends.lamr.pysource import PySource, Unit
-from vkv.backends.lamr.textlines import split_lines
-from vkv.backends.lamr.tssource import TsSource, canonical_language, has_grammar, words_on
+from vkv.backends.lamr.tssource import TsSource, words_on
+from vkv.backends.source.languages import canonical_name
+from vkv.backends.source.lines import split_lines
+from vkv.backends.source.treesitter import grammar_installed
 
 TARGETS = ("teacher", "semantic", "dependency", "denoised")
 
@@ -78,14 +80,14 @@ def rubric_labels(
 
 def _dependency_scores(code, teacher, score, language, config) -> tuple[list[float], str]:
     n = len(teacher)
-    lang = canonical_language(language)
+    lang = canonical_name(language)
     if lang == "python":
         try:
             source = PySource(code)
         except (SyntaxError, ValueError):
             return [0.0] * n, "none"
         return _python_dependency(source, teacher, score, config), "python-ast"
-    if has_grammar(lang):
+    if grammar_installed(lang):
         return _tree_sitter_dependency(TsSource(code, lang), teacher, score, config), f"tree-sitter:{lang}"
     return [0.0] * n, "none"
 

@@ -17,7 +17,7 @@ from vkv.backends.base import PruneResult, token_budget
 from vkv.backends.lamr.inference import LineScores, score_lines, select_lines
 from vkv.backends.lamr.model import LaMRModel
 from vkv.backends.lamr.repair import RepairConfig, Repaired, render_selection, repair
-from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.source.lines import split_lines
 from vkv.errors import VkvError
 
 

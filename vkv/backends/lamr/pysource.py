@@ -13,7 +13,7 @@ import re
 import tokenize
 from dataclasses import dataclass, field
 
-from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.source.lines import indentation, split_lines
 
 _BODY_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
 _COMPOUND = (
@@ -163,8 +163,7 @@ class PySource:
         first = statements[0]
         indent = None
         if first.lineno - 1 > intro.end:
-            line = self.lines[first.lineno - 1]
-            indent = line[: len(line) - len(line.lstrip())]
+            indent = indentation(self.lines[first.lineno - 1])
         self.suites.append(Suite(intro, statements, indent))
         self._walk_suite(statements, intro, scope)
 

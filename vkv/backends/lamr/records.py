@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.source.lines import split_lines
 from vkv.errors import VkvError
 
 

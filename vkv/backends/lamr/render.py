@@ -6,53 +6,23 @@ there (merged with the placeholder when the removed run follows directly), so Py
 
 from __future__ import annotations
 
-from vkv.backends.lamr.textlines import split_lines, strip_eol
+from vkv.backends.source.languages import find_language
+from vkv.backends.source.lines import indentation, split_lines, strip_eol
+from vkv.backends.source.placeholders import placeholder_line
 
-_HASH = {"python", "ruby", "shell", "bash", "sh", "yaml", "toml", "r", "perl", "makefile", "dockerfile"}
-_SLASH = {
-    "javascript",
-    "typescript",
-    "tsx",
-    "java",
-    "go",
-    "rust",
-    "c",
-    "cpp",
-    "c++",
-    "csharp",
-    "c#",
-    "kotlin",
-    "scala",
-    "swift",
-    "php",
-    "dart",
-}
-_MARKUP = {"html", "xml", "markdown", "svg"}
+_ELLIPSIS = "..."  # LaMR's placeholders have always read `# ... 3 lines omitted`, in ASCII
 
 
-def comment_syntax(language: str | None) -> tuple[str, str]:
-    """(opening, closing) of a one-line comment; plain text (unknown language) gets no comment marker."""
-    lang = (language or "").lower()
-    if lang in _HASH:
-        return "# ", ""
-    if lang in _SLASH:
-        return "// ", ""
-    if lang in _MARKUP:
-        return "<!-- ", " -->"
-    if lang in ("sql", "lua", "haskell"):
-        return "-- ", ""
-    return "", ""
-
-
-def placeholder(count: int, language: str | None) -> str:
-    opening, closing = comment_syntax(language)
-    noun = "line" if count == 1 else "lines"
-    return f"{opening}... {count} {noun} omitted{closing}"
+def _comment_syntax(language: str | None) -> tuple[str, str]:
+    """(opening, closing) of a one-line comment; plain text and unknown languages get no comment marker."""
+    found = find_language(language)
+    return found.comment if found is not None and found.name != "text" else ("", "")
 
 
 def render(text: str, kept: set[int], language: str | None, fillers: dict[int, str] | None = None) -> str:
     lines = split_lines(text)
     fillers = fillers or {}
+    comment = _comment_syntax(language)
     newline = _dominant_newline(lines)
     out: list[str] = []
 
@@ -77,14 +47,13 @@ def render(text: str, kept: set[int], language: str | None, fillers: dict[int, s
             j += 1
         code = [line for line in lines[i:j] if line.strip()]
         if code:
-            note = placeholder(j - i, language)
-            if pending is not None and note.startswith("#"):
-                emit(f"{pending}...  {note}{newline}")
+            if pending is not None and comment[0] == "#":  # only a `#` comment may share the `...` line
+                emit(placeholder_line(j - i, comment, pending, newline, statement=True, ellipsis=_ELLIPSIS))
             elif pending is not None:
                 emit(f"{pending}...{newline}")
-                emit(f"{pending}{note}{newline}")
+                emit(placeholder_line(j - i, comment, pending, newline, ellipsis=_ELLIPSIS))
             else:
-                emit(f"{_indent(code[0])}{note}{newline}")
+                emit(placeholder_line(j - i, comment, indentation(code[0]), newline, ellipsis=_ELLIPSIS))
             pending = None
         i = j
     if pending is not None:
@@ -92,10 +61,6 @@ def render(text: str, kept: set[int], language: str | None, fillers: dict[int, s
     if out and not text.endswith(("\n", "\r")):
         out[-1] = strip_eol(out[-1])  # the input had no final newline; neither does the output
     return "".join(out)
-
-
-def _indent(line: str) -> str:
-    return line[: len(line) - len(line.lstrip())]
 
 
 def _dominant_newline(lines: list[str]) -> str:

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 from vkv.backends.lamr.pysource import PySource, Unit
 from vkv.backends.lamr.render import render
-from vkv.backends.lamr.textlines import split_lines
-from vkv.backends.lamr.tssource import TsSource, canonical_language, has_grammar, words_on
+from vkv.backends.lamr.tssource import TsSource, words_on
+from vkv.backends.source.languages import canonical_name
+from vkv.backends.source.lines import split_lines
+from vkv.backends.source.treesitter import grammar_installed
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,12 @@ def repair(
     """Repair the selection `keep` (0-based lines of `text`) and render the result."""
     n = len(split_lines(text))
     kept = {line for line in keep if 0 <= line < n}
-    lang = canonical_language(language)
+    lang = canonical_name(language)
     if lang == "python":
         source = _parse_python(text)
         if source is not None:
             return _finish(text, lang, *_repair_python(source, kept, config), "python-ast")
-    elif has_grammar(lang):
+    elif grammar_installed(lang):
         return _finish(text, lang, *_repair_tree_sitter(TsSource(text, lang), kept, config), f"tree-sitter:{lang}")
     return _finish(text, lang, kept, {}, {}, "none")
 
@@ -68,7 +70,7 @@ def repair(
 def render_selection(text: str, keep: Iterable[int], language: str | None) -> Repaired:
     """No repair at all: the selected lines with placeholders (the "w/o AST" ablation)."""
     n = len(split_lines(text))
-    return _finish(text, canonical_language(language), {k for k in keep if 0 <= k < n}, {}, {}, "none")
+    return _finish(text, canonical_name(language), {k for k in keep if 0 <= k < n}, {}, {}, "none")
 
 
 def _finish(text, language, kept, added, fillers, method) -> Repaired:

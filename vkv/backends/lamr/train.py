@@ -25,7 +25,7 @@ import torch
 
 from vkv.backends.lamr.crf import KEEP, LinearChainCRF
 from vkv.backends.lamr.dataset import EncodedSet, Example, cache_features
-from vkv.backends.lamr.inference import pad_batch
+from vkv.backends.lamr.inference import pad_batch, pad_token_id
 from vkv.backends.lamr.model import LaMRModel, LaMROutput, gate_balance_loss
 from vkv.errors import VkvError
 
@@ -159,7 +159,7 @@ def validation_f1(model: LaMRModel, encoded: EncodedSet, config: TrainConfig, ba
     model.eval()
     target_kind = config.fused_target(model.head.rubrics)
     tp = fp = fn = 0
-    for batch in _batches(encoded.examples, batch_size, _pad_id(model), model.device, shuffle=False):
+    for batch in _batches(encoded.examples, batch_size, pad_token_id(model), model.device, shuffle=False):
         output = forward(model, batch, config.bf16_autocast)
         decisions = model.head.decision_crf.viterbi(output.head.fused.float(), batch.code_mask) == KEEP
         gold = batch.targets[target_kind] == KEEP
@@ -198,7 +198,7 @@ def fit(
         if total:
             with _progress(total, "backbone features", show_progress) as advance:
                 for encoded in sets:
-                    cache_features(model.backbone, encoded, _pad_id(model), config.feature_batch_size, advance)
+                    cache_features(model.backbone, encoded, pad_token_id(model), config.feature_batch_size, advance)
         summary.feature_seconds = time.perf_counter() - start
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(_parameter_groups(model, config), lr=config.lr, weight_decay=config.weight_decay)
@@ -210,7 +210,7 @@ def fit(
         model.train()
         totals: dict[str, float] = {}
         with _progress(steps_per_epoch, f"epoch {epoch}/{config.epochs}", show_progress) as advance:
-            for batch in _batches(train_set.examples, config.batch_size, _pad_id(model), model.device, rng=rng):
+            for batch in _batches(train_set.examples, config.batch_size, pad_token_id(model), model.device, rng=rng):
                 terms = loss_terms(model, forward(model, batch, config.bf16_autocast), batch, config)
                 optimizer.zero_grad(set_to_none=True)
                 terms["total"].backward()
@@ -238,11 +238,6 @@ def fit(
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
-def _pad_id(model: LaMRModel) -> int:
-    pad = model.tokenizer.pad_token_id
-    return 0 if pad is None else int(pad)
-
-
 def _batches(examples, batch_size, pad_id, device, shuffle=True, rng: random.Random | None = None):
     """Batches of similar length (less padding): sort by length, cut, then shuffle the batch order."""
     order = sorted(range(len(examples)), key=lambda i: len(examples[i].chunk.input_ids))

@@ -11,23 +11,12 @@ identifiers it declares). Nothing here guarantees the pruned output parses; only
 
 from __future__ import annotations
 
-import importlib
 import re
-from functools import cache
 
-from vkv.backends.lamr.textlines import split_lines
+from vkv.backends.source.languages import canonical_name
+from vkv.backends.source.lines import indentation, split_lines
+from vkv.backends.source.treesitter import parser_for
 
-_GRAMMARS = {
-    "javascript": ("tree_sitter_javascript", "language"),
-    "typescript": ("tree_sitter_typescript", "language_typescript"),
-    "tsx": ("tree_sitter_typescript", "language_tsx"),
-    "java": ("tree_sitter_java", "language"),
-    "go": ("tree_sitter_go", "language"),
-    "rust": ("tree_sitter_rust", "language"),
-    "c": ("tree_sitter_c", "language"),
-    "cpp": ("tree_sitter_cpp", "language"),
-}
-_ALIASES = {"js": "javascript", "ts": "typescript", "c++": "cpp", "golang": "go", "rs": "rust"}
 _IMPORT_NODES = {
     "javascript": {"import_statement"},
     "typescript": {"import_statement"},
@@ -66,37 +55,12 @@ _CONTAINERS = {
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def canonical_language(language: str | None) -> str | None:
-    if language is None:
-        return None
-    lang = language.lower()
-    return _ALIASES.get(lang, lang)
-
-
-@cache
-def _parser(language: str):
-    """A tree-sitter parser, or None when the grammar wheel (or tree-sitter itself) is not installed."""
-    module_name, function = _GRAMMARS[language]
-    try:
-        import tree_sitter
-
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    return tree_sitter.Parser(tree_sitter.Language(getattr(module, function)()))
-
-
-def has_grammar(language: str | None) -> bool:
-    lang = canonical_language(language)
-    return lang in _GRAMMARS and _parser(lang) is not None
-
-
 class TsSource:
     """A tree-sitter parse of `text` with the line-level edges listed in the module docstring."""
 
     def __init__(self, text: str, language: str):
-        lang = canonical_language(language)
-        parser = _parser(lang) if lang in _GRAMMARS else None
+        lang = canonical_name(language)
+        parser = parser_for(lang) if lang is not None else None
         if parser is None:
             raise ValueError(f"no tree-sitter grammar is installed for language '{language}'")
         self.language = lang
@@ -106,16 +70,12 @@ class TsSource:
         self.imports: list[tuple[range, set[str]]] = []
         self._index(self.tree.root_node)
 
-    @property
-    def has_error(self) -> bool:
-        return self.tree.root_node.has_error
-
     def enclosing_lines(self, line: int) -> set[int]:
         """Header lines of the constructs around the code on `line`."""
         text = self.lines[line] if line < len(self.lines) else ""
         if not text.strip():
             return set()
-        column = len(text[: len(text) - len(text.lstrip())].encode("utf-8"))
+        column = len(indentation(text).encode("utf-8"))
         node = self.tree.root_node.descendant_for_point_range((line, column), (line, column))
         found: set[int] = set()
         while node is not None and node.parent is not None:

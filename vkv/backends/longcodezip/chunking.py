@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from vkv.backends.longcodezip.document import Document
+from vkv.backends.longcodezip.units import Document
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
 """What `vkv prune FILE --backend longcodezip …` calls.
 
 `prune_file` takes plain keyword arguments; `run_prune(args)` maps an argparse namespace onto it
-(optional attributes the main parser does not define fall back to defaults), and `add_arguments`
-adds this backend's tuning flags if the main CLI wants to expose them. User mistakes raise VkvError.
+(optional attributes the main parser does not define fall back to defaults). User mistakes raise VkvError.
 """
 
 from __future__ import annotations
@@ -87,23 +86,6 @@ def run_prune(args: argparse.Namespace, lm: FrozenLM | None = None, line_lm: Fro
         json_path=_option(args, "json", None),
         lm=lm,
         line_lm=line_lm,
-    )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """This backend's tuning flags (all optional; defaults follow the paper where it has one)."""
-    defaults = LongCodeZipSettings()
-    parser.add_argument("--line-model", default=None, help="model for line perplexities (default: --model)")
-    parser.add_argument("--alpha", type=float, default=defaults.alpha, help="spike threshold in σ of line-NLL diffs")
-    parser.add_argument("--beta", type=float, default=defaults.beta, help="bias of adaptive per-chunk budgets")
-    parser.add_argument(
-        "--fine-keep",
-        type=float,
-        default=defaults.fine_keep,
-        help="share of coarse-selected tokens the fine stage keeps",
-    )
-    parser.add_argument(
-        "--max-chunk-tokens", type=int, default=defaults.max_chunk_tokens, help="split classes larger than this"
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkv.backends.longcodezip.document import FREE, Document
+from vkv.backends.longcodezip.units import FREE, Document
 
 
 def close_kept_lines(doc: Document, kept: np.ndarray) -> tuple[np.ndarray, set[int]]:

@@ -17,10 +17,10 @@ import numpy as np
 
 from vkv.backends.longcodezip.blocks import split_blocks
 from vkv.backends.longcodezip.chunking import Chunk
-from vkv.backends.longcodezip.document import FREE, Document
 from vkv.backends.longcodezip.knapsack import solve_knapsack
 from vkv.backends.longcodezip.scoring import Scorer, ami_scores, line_nll_from_tokens, line_nll_one_pass
 from vkv.backends.longcodezip.tokens import TokenizedLines, encode, tokenize_lines
+from vkv.backends.longcodezip.units import FREE, Document
 
 
 @dataclass

@@ -17,13 +17,14 @@ from vkv.backends.base import PruneResult, token_budget
 from vkv.backends.longcodezip.budget import greedy_select, retention_ratios
 from vkv.backends.longcodezip.chunking import Chunk, ChunkLimits, chunk_document
 from vkv.backends.longcodezip.closure import close_kept_lines
-from vkv.backends.longcodezip.document import Document, parse_document, parse_messages
+from vkv.backends.longcodezip.document import parse_document, parse_messages
 from vkv.backends.longcodezip.fine import FineChoice, FineStage, capacity_for
-from vkv.backends.longcodezip.languages import LANGUAGES, lookup_language
 from vkv.backends.longcodezip.render import render
 from vkv.backends.longcodezip.scoring import AmiResult, Scorer, ami_scores
 from vkv.backends.longcodezip.settings import LongCodeZipSettings
 from vkv.backends.longcodezip.tokens import count_tokens, encode, tokenize_lines
+from vkv.backends.longcodezip.units import Document
+from vkv.backends.source.languages import LANGUAGES, lookup_language
 from vkv.errors import VkvError
 from vkv.lm.frozen import FrozenLM
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from vkv.backends.longcodezip.document import Document
-from vkv.backends.longcodezip.languages import LANGUAGES
+from vkv.backends.longcodezip.units import Document
+from vkv.backends.source.languages import LANGUAGES
+from vkv.backends.source.lines import indentation
+from vkv.backends.source.placeholders import placeholder_line
 
 
 def render(doc: Document, kept: np.ndarray, statement_lines: set[int], start: int = 0, end: int | None = None) -> str:
@@ -26,21 +28,20 @@ def render(doc: Document, kept: np.ndarray, statement_lines: set[int], start: in
         j = i
         while j < end and not kept[j]:
             j += 1
-        out.append(placeholder_line(doc, i, j, statement_lines))
+        out.append(_placeholder_for_run(doc, i, j, statement_lines))
         i = j
     return "".join(out)
 
 
-def placeholder_line(doc: Document, start: int, end: int, statement_lines: set[int]) -> str:
+def _placeholder_for_run(doc: Document, start: int, end: int, statement_lines: set[int]) -> str:
+    """The one line standing for the removed lines [start, end)."""
     statement = next((line for line in range(start, end) if line in statement_lines), None)
     anchor = statement
     if anchor is None:
         anchor = next((line for line in range(start, end) if doc.lines[line].strip()), start)
     line = doc.lines[anchor]
-    indent = line[: len(line) - len(line.lstrip(" \t"))] if line.strip() else ""
-    text = LANGUAGES[doc.line_language[anchor]].placeholder(end - start)
-    if statement is not None:
-        text = "...  " + text
+    indent = indentation(line, " \t") if line.strip() else ""
+    comment = LANGUAGES[doc.line_language[anchor]].comment
     last = doc.lines[end - 1]
     ending = "\r\n" if last.endswith("\r\n") else ("\n" if last.endswith("\n") else "")
-    return indent + text + ending
+    return placeholder_line(end - start, comment, indent, ending, statement=statement is not None)

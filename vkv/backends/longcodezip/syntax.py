@@ -7,25 +7,30 @@ any child sharing a line with them; the other children, grouped when they share 
 
 from __future__ import annotations
 
-from vkv.backends.longcodezip.document import UnitBuilder
-from vkv.backends.longcodezip.languages import LanguageSpec, parser_for
+from vkv.backends.longcodezip.languages import NODE_ROLES, NodeRoles
+from vkv.backends.longcodezip.units import UnitBuilder
+from vkv.backends.source.languages import Language
+from vkv.backends.source.treesitter import require_parser
 
 _OPENERS = ("{", ":")  # the token ending a container's header, in order of preference
 
 
-def add_syntax_units(builder: UnitBuilder, lines: list[str], offset: int, parent: int, spec: LanguageSpec) -> None:
+def add_syntax_units(builder: UnitBuilder, lines: list[str], offset: int, parent: int, language: Language) -> None:
     """Parse `lines` (document lines from `offset`) and add their units below `parent`."""
     source = "".join(lines).encode("utf-8")
-    tree = parser_for(spec.name).parse(source)
-    walker = _Walker(builder, spec, [line.encode("utf-8") for line in lines], offset)
+    tree = require_parser(language.name).parse(source)
+    walker = _Walker(
+        builder, language.name, NODE_ROLES[language.name], [line.encode("utf-8") for line in lines], offset
+    )
     walker.container(tree.root_node, parent, is_root=True)
     builder.parse_errors |= tree.root_node.has_error
 
 
 class _Walker:
-    def __init__(self, builder: UnitBuilder, spec: LanguageSpec, line_bytes: list[bytes], offset: int):
+    def __init__(self, builder: UnitBuilder, language: str, roles: NodeRoles, line_bytes: list[bytes], offset: int):
         self.builder = builder
-        self.spec = spec
+        self.language = language
+        self.roles = roles
         self.line_bytes = line_bytes
         self.offset = offset
 
@@ -55,13 +60,13 @@ class _Walker:
             if any(first <= line <= last for line in skeleton):
                 continue  # shares a line with the braces or the header: it stays skeleton
             children.append(self.add_group(group, unit, first, last))
-        needs_statement = self.spec.empty_body_needs_statement and not is_root
+        needs_statement = self.roles.empty_body_needs_statement and not is_root
         self.builder.add_body(unit, children, needs_statement)
 
     def flatten(self, nodes) -> list:
         out = []
         for node in nodes:
-            if node.is_named and node.type in self.spec.transparent:
+            if node.is_named and node.type in self.roles.transparent:
                 out.extend(self.flatten(node.children))
             else:
                 out.append(node)
@@ -106,7 +111,7 @@ class _Walker:
 
     def add_group(self, group, parent: int, first: int, last: int) -> int:
         kind, name = self.classify(group, first)
-        uid = self.builder.add_unit(parent, first, last, kind, name, self.spec.name)
+        uid = self.builder.add_unit(parent, first, last, kind, name, self.language)
         for node in group:
             if node.is_named:
                 for inner in self.find_containers(node):
@@ -122,32 +127,32 @@ class _Walker:
         return found
 
     def is_container(self, node) -> bool:
-        if node.type not in self.spec.containers or not node.is_named:
+        if node.type not in self.roles.containers or not node.is_named:
             return False
         parent = node.parent
-        return parent is None or (node.type, parent.type) not in self.spec.not_container_under
+        return parent is None or (node.type, parent.type) not in self.roles.not_container_under
 
     # ---- what a unit is ----------------------------------------------------------------------
     def classify(self, group, first: int) -> tuple[str, str]:
         named = [n for n in group if n.is_named]
-        main = max(named, key=lambda n: (self.last(n) - self.first(n), n.type not in self.spec.comments))
-        if main.type in self.spec.comments:
+        main = max(named, key=lambda n: (self.last(n) - self.first(n), n.type not in self.roles.comments))
+        if main.type in self.roles.comments:
             return "comment", self.first_text(first)
-        if main.type in self.spec.attached:
+        if main.type in self.roles.attached:
             return "attached", self.first_text(first)
         definition = self.definition_in(main)
         if definition is None:
             return "code", self.first_text(first)
-        kind = "class" if definition.type in self.spec.classes else "function"
+        kind = "class" if definition.type in self.roles.classes else "function"
         name = self.definition_name(definition) or self.name_near(main) or self.first_text(first)
         return kind, name
 
     def definition_in(self, node, depth: int = 0):
         """The function or class `node` is (through export/decorator wrappers), or mostly consists of."""
-        if node.type in self.spec.functions or node.type in self.spec.classes:
+        if node.type in self.roles.functions or node.type in self.roles.classes:
             return node
-        if node.type in self.spec.wrappers:
-            inner = [c for c in node.named_children if c.type not in self.spec.comments]
+        if node.type in self.roles.wrappers:
+            inner = [c for c in node.named_children if c.type not in self.roles.comments]
             return self.definition_in(inner[-1], depth) if inner else None
         if depth >= 3:
             return None
