@@ -247,8 +247,8 @@ def run_prune(args) -> dict:
     return payload
 
 
-def add_lamr_commands(sub) -> None:
-    """`vkv lamr build-corpus` and `vkv lamr train`."""
+def add_lamr_commands(sub):
+    """`vkv lamr build-corpus` and `vkv lamr train`; returns the `lamr` parser."""
     p = sub.add_parser("lamr", help="LaMR: build a synthetic training corpus, train a pruner")
     lsub = p.add_subparsers(dest="lamr_command", required=True)
     b = lsub.add_parser("build-corpus", help="SWE-Pruner-format records from local Python sources (AST analysis)")
@@ -276,6 +276,7 @@ def add_lamr_commands(sub) -> None:
     t.add_argument("--backbone-dtype", default="float32", choices=("float32", "bfloat16"))
     t.add_argument("--device", default=None)
     t.add_argument("--seed", type=int, default=0)
+    return p
 
 
 def run_lamr(args, console) -> int:

@@ -1,0 +1,51 @@
+"""`vkv ask`: answer a question from a compressed cache."""
+
+from __future__ import annotations
+
+import argparse
+
+from vkv.cli.common import add_model_args, console, load_from_args, write_json
+from vkv.errors import VkvError
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from vkv.kv.context import Context
+    from vkv.kv.file import load_cache, read_header
+    from vkv.text.transcript import followup, load_transcript, render
+
+    header = read_header(args.cache)
+    if args.model is None:
+        args.model = header.get("model")
+    lm = load_from_args(args)
+    spliced = load_cache(args.cache, lm)
+    transcript_path = args.transcript or header.get("transcript", {}).get("path")
+    if not transcript_path:
+        raise VkvError(f"{args.cache}: no transcript path recorded; pass --transcript")
+    transcript = load_transcript(transcript_path)
+    recorded = header.get("transcript", {})
+    if recorded.get("sha256") not in (None, transcript.sha256):
+        raise VkvError(f"{transcript_path}: field sha256: this transcript is not the one the cache was built from")
+    if recorded.get("window"):
+        from vkv.text.windows import window_transcript
+
+        transcript = window_transcript(transcript, *recorded["window"])
+    rendered = render(transcript, lm.tokenizer)
+    prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
+    answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)
+    console.print(f"[bold]Q:[/] {args.question}")
+    console.print(f"[bold]A:[/] {(args.answer_prefix or '')}{answer}")
+    write_json(args.json, {"question": args.question, "answer": answer, "cache": args.cache})
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ask", help="answer a question from a compressed cache")
+    p.set_defaults(run=cmd_ask)
+    p.add_argument("cache")
+    add_model_args(p)
+    p.set_defaults(model=None)
+    p.add_argument("--question", required=True)
+    p.add_argument("--answer-prefix", default="", help="text the answer starts with")
+    p.add_argument("--transcript", help="the transcript the cache was built from (default: recorded path)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--json")

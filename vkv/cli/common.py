@@ -1,0 +1,67 @@
+"""What every command shares: the consoles, model flags and loading, JSON output, small parsers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from vkv.errors import VkvError
+
+# Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
+console = Console() if sys.stdout.isatty() else Console(width=160)
+errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)  # keeps stdout parseable
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    from vkv.lm.load import DEFAULT_MODEL, QUANTS
+
+    p.add_argument("--model", default=DEFAULT_MODEL, help="hub id, local directory, or alias (smollm2-135m)")
+    p.add_argument("--quant", default="auto", choices=QUANTS, help="auto = 8bit on CUDA, fp32 on CPU")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation")
+
+
+def load_from_args(args: argparse.Namespace):
+    from vkv.lm.load import load_model
+
+    with console.status(f"loading {args.model} ({args.quant})"):
+        return load_model(args.model, quant=args.quant, device=args.device, attn_implementation=args.attn)
+
+
+def write_json(path: str | None, obj) -> None:
+    if path:
+        from vkv.io import write_json_atomic
+
+        write_json_atomic(path, obj)
+        console.print(f"wrote {path}")
+
+
+def key_value_table(title: str, rows: dict) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    for k, v in rows.items():
+        table.add_row(str(k), f"{v:.4g}" if isinstance(v, float) else str(v))
+    return table
+
+
+def parse_list(text: str, cast, what: str) -> list:
+    try:
+        return [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise VkvError(f"--{what} {text!r}: expected a comma-separated list") from None
+
+
+def tokenizer_for(name: str):
+    from transformers import AutoTokenizer
+
+    from vkv.lm.load import resolve_model_path
+
+    path, local = resolve_model_path(name)
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=local)
+    except OSError as exc:
+        raise VkvError(f"could not load the tokenizer of '{name}': {str(exc).splitlines()[0]}") from exc

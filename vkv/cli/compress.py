@@ -1,0 +1,126 @@
+"""`vkv compress`: a transcript span into virtual tokens, saved as a cache file."""
+
+from __future__ import annotations
+
+import argparse
+
+from vkv.cli.common import add_model_args, console, key_value_table, load_from_args, write_json
+from vkv.errors import VkvError
+from vkv.settings import add_arguments, from_args
+
+
+def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
+    """The span and ratio flags, then one flag per CompressConfig setting (vkv.settings)."""
+    from vkv.compress.config import CompressConfig
+
+    ratio = CompressConfig().ratio
+    if several_ratios:
+        p.add_argument("--ratio", default=str(ratio), help="comma-separated compression ratios (span tokens per entry)")
+    else:
+        p.add_argument("--ratio", type=float, default=ratio, help="span tokens per virtual token (≥ 1)")
+    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
+    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig)
+
+
+def compress_config_from_args(args: argparse.Namespace):
+    from vkv.compress.config import CompressConfig
+
+    config = from_args(CompressConfig, args)
+    if isinstance(args.ratio, float):  # eval sets the ratio per run
+        config.ratio = args.ratio
+    return config.validate()
+
+
+def cmd_compress(args: argparse.Namespace) -> int:
+    import torch
+
+    from vkv.cli.multiturn import wants_multiturn
+    from vkv.compress.single import compress_transcript
+    from vkv.kv.file import save_cache
+    from vkv.progress import step_bar
+    from vkv.text.transcript import load_transcript, parse_turn_span
+
+    transcript = load_transcript(args.transcript)
+    config = compress_config_from_args(args)
+    if config.pooling == "attention":
+        raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
+    torch.manual_seed(config.optim.seed)
+    lm = load_from_args(args)
+    window = None
+    if args.window:
+        transcript, window = _pick_window(lm, transcript, args.window, args.window_index)
+    turns = parse_turn_span(args.span, transcript)
+    if wants_multiturn(args):
+        return _compress_multiturn(args, lm, transcript, turns, config, window)
+    with step_bar(
+        f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
+    ) as on_step:
+        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step, window=window)
+    save_cache(spliced, args.out)
+    virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
+    summary = {
+        "span_tokens": virtual.original_tokens,
+        "virtual_tokens": virtual.entries,
+        "ratio_achieved": round(virtual.ratio, 4),
+        "initial_loss": virtual.stats["initial_loss"],
+        "final_loss": virtual.stats["best_loss"],
+        "steps": virtual.stats["steps"],
+        "stopped": virtual.stats["stopped"],
+        "seconds": round(virtual.stats["seconds"], 2),
+        "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
+        "cache": args.out,
+    }
+    console.print(key_value_table("vkv compress", summary))
+    write_json(
+        args.json,
+        {
+            **summary,
+            "config": config.to_dict(),
+            "segments": spliced.table(),
+            "per_layer_loss": virtual.stats["per_layer_loss"],
+        },
+    )
+    return 0
+
+
+def _compress_multiturn(args, lm, transcript, turns, config, window) -> int:
+    from vkv.cli.multiturn import compress_multiturn
+    from vkv.kv.file import read_header, save_cache
+    from vkv.kv.report import report_rows, report_table
+
+    with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
+        spliced = compress_multiturn(lm, transcript, turns, config, args, window=window)
+    save_cache(spliced, args.out)
+    rows = report_rows(read_header(args.out))
+    console.print(report_table(rows))
+    write_json(args.json, {"config": config.to_dict(), "segments": spliced.table(), "report": rows})
+    return 0
+
+
+def _pick_window(lm, transcript, max_tokens: int, index: int):
+    """The index-th window (most questions first) of a transcript, and its original turn range."""
+    from vkv.text.transcript import render
+    from vkv.text.windows import select_windows
+
+    windows = select_windows(transcript, render(transcript, lm.tokenizer), max_tokens)
+    if not 0 <= index < len(windows):
+        raise VkvError(f"--window-index {index}: {transcript.path} has {len(windows)} windows with questions")
+    chosen = windows[index]
+    first, last = (int(x) for x in chosen.id.rsplit("@turns", 1)[1].split("-"))
+    return chosen, (first, last + 1)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from vkv.cli.multiturn import add_multiturn_args
+
+    p = sub.add_parser("compress", help="compress a transcript span into virtual tokens; save a cache file")
+    p.set_defaults(run=cmd_compress)
+    p.add_argument("transcript")
+    add_model_args(p)
+    add_compress_args(p)
+    p.add_argument("--window", type=int, help="compress one turn window of at most this many tokens")
+    p.add_argument("--window-index", type=int, default=0, help="which window (0 = the one with most questions)")
+    p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
+    p.add_argument("--json", help="also write the summary, config and per-layer loss here")
+
+    add_multiturn_args(p)

@@ -1,0 +1,51 @@
+"""`vkv inspect`: a cache file's metadata and segment table."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from vkv.cli.common import console, key_value_table, write_json
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from vkv.kv.file import read_header
+
+    header = read_header(args.cache)
+    meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
+    meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()})
+    console.print(key_value_table(f"{args.cache}", meta))
+    table = Table(title="segments")
+    for col in ("#", "kind", "span", "tokens", "entries", "ratio", "loss init→best", "steps"):
+        table.add_column(col)
+    for i, seg in enumerate(header["segments"]):
+        st = seg.get("stats", {})
+        loss = f"{st['initial_loss']:.4f}→{st['best_loss']:.4f}" if "best_loss" in st else "—"
+        span = seg["span"]
+        table.add_row(
+            str(i),
+            seg["kind"],
+            f"{span[0]}–{span[1]}",
+            str(span[1] - span[0]),
+            str(seg["entries"]),
+            f"{seg['ratio']:.2f}",
+            loss,
+            str(st.get("steps", "—")),
+        )
+    console.print(table)
+    if any(seg.get("stats", {}).get("turn") is not None for seg in header["segments"]) or args.report:
+        from vkv.kv.report import report_rows, report_table
+
+        console.print(report_table(report_rows(header)))
+    if args.json:
+        write_json(args.json, header)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="print a cache file's metadata and segment table")
+    p.set_defaults(run=cmd_inspect)
+    p.add_argument("cache")
+    p.add_argument("--report", action="store_true", help="also print the per-turn compression report")
+    p.add_argument("--json", help="also write the header here")

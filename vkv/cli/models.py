@@ -1,0 +1,34 @@
+"""`vkv models`: list the aliases vkv knows and fetch them."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from vkv.cli.common import console
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from vkv.lm import zoo
+
+    if args.models_command == "fetch":
+        zoo.fetch(args.name, force=args.force, log=console.print)
+        return 0
+    table = Table(title="models vkv can fetch")
+    for col in ("alias", "fetched", "path", "description"):
+        table.add_column(col)
+    for alias, source in zoo.ZOO.items():
+        table.add_row(alias, "yes" if zoo.is_fetched(alias) else "no", str(zoo.model_path(alias)), source.description)
+    console.print(table)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list or fetch models vkv knows by alias")
+    p.set_defaults(run=cmd_models)
+    msub = p.add_subparsers(dest="models_command")
+    f = msub.add_parser("fetch", help="download and convert a model into $VKV_HOME/models")
+    f.add_argument("name")
+    f.add_argument("--force", action="store_true", help="fetch again even if present")
+    msub.add_parser("list", help="list aliases")

@@ -1,0 +1,86 @@
+"""`vkv validate`: check transcripts (schema, leakage, and with a model the context gap)."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from vkv.cli.common import add_model_args, console, load_from_args
+from vkv.cli.eval import eval_units
+from vkv.errors import VkvError
+from vkv.settings import add_arguments
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from vkv.evals.validate import check_static
+    from vkv.text.transcript import load_transcript
+
+    problems, warnings, checked = [], [], []
+    for path in args.transcripts:
+        try:
+            transcript = load_transcript(path)
+        except VkvError as exc:
+            problems.append(str(exc))
+            continue
+        found = check_static(transcript)
+        problems += found.problems
+        warnings += found.warnings
+        checked.append(transcript)
+    if args.model and checked:
+        warnings += _validate_with_model(args, checked)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for p in problems:
+        console.print(f"[bold red]problem:[/] {p}", highlight=False)
+    console.print(f"{len(args.transcripts)} transcript(s): {len(problems)} problem(s), {len(warnings)} warning(s)")
+    return 1 if problems else 0
+
+
+def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
+    from vkv.evals.runner import EvalSettings, TranscriptEval
+
+    lm = load_from_args(args)
+    warnings = []
+    counts: dict[str, list[int]] = {}  # split → [questions, usable]
+    table = Table(title="no-context default and context gap per question")
+    for col in ("window", "question", "no-context pick", "full-context pick", "gap (nats)"):
+        table.add_column(col)
+    for transcript in transcripts:
+        for unit, turns in eval_units(lm, [transcript.path], None, args.window, None):
+            with console.status(f"{unit.id}: full and none references"):
+                ev = TranscriptEval(lm, unit, turns, EvalSettings(min_gap=args.min_gap))
+            for pq, full, none in zip(ev.questions, ev.full, ev.none):
+                q = pq.question
+                options = list(q.choices) or list(q.accept[:1])
+                none_pick, full_pick = (
+                    options[max(range(len(options)), key=m.choice_logprobs.__getitem__)] for m in (none, full)
+                )
+                gap = full.choice_logprobs[0] - none.choice_logprobs[0]
+                table.add_row(unit.id, q.id, none_pick, full_pick, f"{gap:.2f}")
+                tally = counts.setdefault(transcript.split or "unsplit", [0, 0])
+                tally[0] += 1
+                tally[1] += gap >= args.min_gap
+                if len(options) > 1 and none_pick == options[0]:
+                    warnings.append(f"{unit.id}: {q.id}: the model already picks the right answer with no context")
+                if gap < args.min_gap:
+                    warnings.append(f"{unit.id}: {q.id}: full-vs-none gap {gap:.2f} nats is below {args.min_gap}")
+    console.print(table)
+    for split, (questions, usable) in sorted(counts.items()):
+        console.print(
+            f"split {split}: {usable} of {questions} questions usable (full-vs-none gap ≥ {args.min_gap} "
+            f"nats in {args.window}-token windows)"
+        )
+    return warnings
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from vkv.evals.runner import EvalSettings
+
+    p = sub.add_parser("validate", help="check transcripts: schema, leakage, and with a model the context gap")
+    p.set_defaults(run=cmd_validate)
+    p.add_argument("transcripts", nargs="+")
+    add_model_args(p)
+    p.set_defaults(model=None)
+    p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
+    add_arguments(p.add_argument_group("scoring"), EvalSettings, skip=("max_new_tokens",))
