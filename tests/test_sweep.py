@@ -346,3 +346,25 @@ def test_eviction_methods_take_per_turn_as_a_grid_option(tmp_path):
     )
     methods = [build_method(p) for p in expand(load_experiment(path))]
     assert [m.per_turn for m in methods] == [True, True, True]
+
+
+@pytest.mark.integration
+def test_a_windowed_sweep_cache_records_its_window_and_answers_questions(tmp_path, test_model_dir, capsys):
+    from vkv.cli import main
+    from vkv.kv.file import read_header
+
+    config = write_toml(
+        tmp_path,
+        "[defaults]\nmodel = 'smollm2-135m'\nquant = 'fp32'\ntranscripts = ['MINI']\nwindow = 200\nmax_windows = 1\n"
+        "[[grid]]\nmethods = ['truncate']\nratios = [2]\n",
+    )
+    out = tmp_path / "out"
+    assert main(["sweep", str(config), "--out", str(out), "--save-caches", "--device", "cpu", "--threads", "1"]) == 0
+    (cache,) = (out / "caches").glob("*.safetensors")
+    recorded = read_header(cache)["transcript"]
+    first, last = recorded["window"]  # the messages the window was cut from, as `vkv compress --window` records
+    assert recorded["id"] == f"mini-agent@turns{first}-{last - 1}" and recorded["tokens"] > 0
+    capsys.readouterr()
+    assert (
+        main(["ask", str(cache), "--quant", "fp32", "--question", "Which test runner?", "--max-new-tokens", "3"]) == 0
+    )

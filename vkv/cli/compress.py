@@ -46,16 +46,15 @@ def cmd_compress(args: argparse.Namespace) -> int:
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
     lm = load_from_args(args)
-    window = None
     if args.window:
-        transcript, window = _pick_window(lm, transcript, args.window, args.window_index)
+        transcript = _pick_window(lm, transcript, args.window, args.window_index)
     turns = parse_turn_span(args.span, transcript)
     if wants_multiturn(args):
-        return _compress_multiturn(args, lm, transcript, turns, config, window)
+        return _compress_multiturn(args, lm, transcript, turns, config)
     with step_bar(
         f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
     ) as on_step:
-        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step, window=window)
+        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step)
     save_cache(spliced, args.out)
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     summary = {
@@ -83,13 +82,13 @@ def cmd_compress(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compress_multiturn(args, lm, transcript, turns, config, window) -> int:
+def _compress_multiturn(args, lm, transcript, turns, config) -> int:
     from vkv.cli.multiturn import compress_multiturn
     from vkv.kv.file import read_header, save_cache
     from vkv.kv.report import report_rows, report_table
 
     with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
-        spliced = compress_multiturn(lm, transcript, turns, config, args, window=window)
+        spliced = compress_multiturn(lm, transcript, turns, config, args)
     save_cache(spliced, args.out)
     rows = report_rows(read_header(args.out))
     console.print(report_table(rows))
@@ -98,16 +97,14 @@ def _compress_multiturn(args, lm, transcript, turns, config, window) -> int:
 
 
 def _pick_window(lm, transcript, max_tokens: int, index: int):
-    """The index-th window (most questions first) of a transcript, and its original turn range."""
+    """The index-th window (most questions first) of a transcript."""
     from vkv.text.transcript import render
     from vkv.text.windows import select_windows
 
     windows = select_windows(transcript, render(transcript, lm.tokenizer), max_tokens)
     if not 0 <= index < len(windows):
         raise VkvError(f"--window-index {index}: {transcript.path} has {len(windows)} windows with questions")
-    chosen = windows[index]
-    first, last = (int(x) for x in chosen.id.rsplit("@turns", 1)[1].split("-"))
-    return chosen, (first, last + 1)
+    return windows[index]
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,8 +23,9 @@ from vkv.compress.sequential import (
     compress_turns,
     message_turns,
 )
+from vkv.compress.single import render_within_positions
 from vkv.errors import VkvError
-from vkv.kv.file import cache_metadata
+from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
@@ -111,21 +112,11 @@ def compress_multiturn(
     config: CompressConfig,
     args: argparse.Namespace,
     on_turn: Callable[[Turn, Segment], None] | None = None,
-    window: tuple[int, int] | None = None,
 ) -> SplicedCache:
     """Messages [turns[0], turns[1]) compressed (one segment per message with --sequential, else one unit);
-    messages before kept with their full-context K/V, messages after re-encoded on top; one segment each.
-    `window`: the original turns a windowed transcript was cut from (recorded so `ask` can rebuild it)."""
-    from vkv.text.transcript import render
-
+    messages before kept with their full-context K/V, messages after re-encoded on top; one segment each."""
     plan = multiturn_config(config, args)
-    rendered = render(transcript, lm.tokenizer)
-    limit = getattr(lm.config, "max_position_embeddings", None)
-    if limit and len(rendered.ids) > limit:
-        raise VkvError(
-            f"{transcript.path or transcript.id}: renders to {len(rendered.ids)} tokens, more than the "
-            f"{limit} positions of {lm.name}; compress a window of it (--window)"
-        )
+    rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
     starts, roles = [s.start for s in rendered.spans], [s.role for s in rendered.spans]
     messages = message_turns(starts, roles, 0, len(rendered.ids))
@@ -138,14 +129,7 @@ def compress_multiturn(
     append_verbatim(lm, spliced, rendered.ids, messages[turns[1] :])
     spliced.meta = cache_metadata(
         lm,
-        transcript={
-            "id": transcript.id,
-            "sha256": transcript.sha256,
-            "path": transcript.path,
-            "turns": list(turns),
-            "tokens": len(rendered.ids),
-            "window": list(window) if window else None,
-        },
+        transcript=transcript_record(transcript, turns, len(rendered.ids)),
         config=config.to_dict(),
         multiturn={**plan.to_dict(), "sequential": bool(args.sequential)},
     )

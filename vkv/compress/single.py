@@ -94,17 +94,8 @@ def compress(
     return splice(lm, full, start, end, segment, ids[end:])
 
 
-def compress_transcript(
-    lm: FrozenLM,
-    transcript,
-    turns: tuple[int, int],
-    config: CompressConfig,
-    on_step: Callable[[int, float], None] | None = None,
-    window: tuple[int, int] | None = None,
-) -> SplicedCache:
-    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later
-    (`window`: the original turns a windowed transcript was cut from, so `ask` can rebuild it)."""
-    from vkv.kv.file import cache_metadata
+def render_within_positions(lm: FrozenLM, transcript):
+    """The transcript rendered by the model's tokenizer, refused when it is longer than the model's positions."""
     from vkv.text.transcript import render
 
     rendered = render(transcript, lm.tokenizer)
@@ -114,18 +105,23 @@ def compress_transcript(
             f"{transcript.path or transcript.id}: renders to {len(rendered.ids)} tokens, more than the "
             f"{limit} positions of {lm.name}; compress a window of it (--window)"
         )
+    return rendered
+
+
+def compress_transcript(
+    lm: FrozenLM,
+    transcript,
+    turns: tuple[int, int],
+    config: CompressConfig,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SplicedCache:
+    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later."""
+    from vkv.kv.file import cache_metadata, transcript_record
+
+    rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
     spliced = compress(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
     spliced.meta = cache_metadata(
-        lm,
-        transcript={
-            "id": transcript.id,
-            "sha256": transcript.sha256,
-            "path": transcript.path,
-            "turns": list(turns),
-            "tokens": len(rendered.ids),
-            "window": list(window) if window else None,
-        },
-        config=config.to_dict(),
+        lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict()
     )
     return spliced

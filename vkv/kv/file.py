@@ -20,6 +20,21 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 1
 
 
+def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[str, Any]:
+    """What a cache file records of the transcript it was built from, so `vkv ask` can check and rebuild it:
+    the file's id, hash and path, the compressed turns, the rendered length, and for a window of the file's
+    transcript the messages [first, last) it was cut from."""
+    window = getattr(transcript, "window", None)
+    return {
+        "id": transcript.id,
+        "sha256": transcript.sha256,
+        "path": transcript.path,
+        "turns": list(turns),
+        "tokens": tokens,
+        "window": list(window) if window else None,
+    }
+
+
 def cache_metadata(lm: FrozenLM, **extra) -> dict[str, Any]:
     return {
         "model": lm.name,

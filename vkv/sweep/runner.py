@@ -208,20 +208,12 @@ def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, 
 
 
 def _save_cache(ctx: SweepContext, lm, run: Run, spliced, result: dict) -> str:
-    from vkv.kv.file import cache_metadata, save_cache
+    from vkv.kv.file import cache_metadata, save_cache, transcript_record
+    from vkv.text.transcript import render
 
     path = ctx.out / "caches" / f"{run.id}.safetensors"
     t = run.unit.transcript
-    spliced.meta = cache_metadata(
-        lm,
-        transcript={
-            "id": t.id,
-            "sha256": t.sha256,
-            "path": t.path,
-            "turns": result["turns"],
-            "window": run.unit.key["context"] == "window",
-        },
-        config=result["config"],
-    )
+    record = transcript_record(t, result["turns"], len(render(t, lm.tokenizer).ids))
+    spliced.meta = cache_metadata(lm, transcript=record, config=result["config"])
     save_cache(spliced, path)
     return str(path.relative_to(ctx.out))

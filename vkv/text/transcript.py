@@ -56,6 +56,7 @@ class Transcript:
     description: str = ""
     path: str = ""
     sha256: str = ""
+    window: tuple[int, int] | None = None  # for a window of the file's transcript: its messages [first, last)
 
     @property
     def split(self) -> str:

@@ -47,6 +47,7 @@ def window_transcript(transcript: Transcript, first: int, last: int) -> Transcri
         id=f"{transcript.id}@turns{first}-{last - 1}",
         messages=head + transcript.messages[first:last],
         questions=questions,
+        window=(first, last),
     )
 
 
