@@ -12,7 +12,7 @@ from vkv.compress.optimise import OptimConfig, layer_losses, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress.single import compress
+from vkv.compress.single import compress_span
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
@@ -73,7 +73,7 @@ def test_optimising_lowers_the_readout_error_and_batches_agree(tiny_llama):
 def test_compress_with_attention_targets_end_to_end(tiny_llama):
     ids, start, end = _span(tiny_llama)
     config = CompressConfig(ratio=3.0, target="v+attention", optim=OptimConfig(steps=2))
-    spliced = compress(tiny_llama, ids, start, end, config)
+    spliced = compress_span(tiny_llama, ids, start, end, config)
     assert spliced.segments[1].kind == "virtual" and spliced.segments[1].entries == round((end - start) / 3)
 
 

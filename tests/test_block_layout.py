@@ -8,7 +8,7 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_mass, partition, partition_by_mass
-from vkv.compress.single import compress
+from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.lm.capture import capture_span
 from vkv.methods import get_method
@@ -26,7 +26,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     config = CompressConfig(
         ratio=4.0, boundaries="surprisal", mass_floor=floor, positions="centres", optim=OptimConfig(steps=2)
     )
-    segment = compress(smol, ids, start, end, config).segments[1]
+    segment = compress_span(smol, ids, start, end, config).segments[1]
     acts, _ = capture_span(smol, torch.tensor(ids[:end]), start, end)
     mass = block_mass(acts.surprisal, config.mass_floor)
     expected = partition_by_mass(mass, 7)
@@ -57,7 +57,7 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
 def test_unknown_boundaries_are_refused(tiny_llama):
     ids = tiny_llama.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     with pytest.raises(VkvError, match="unknown block boundaries 'paragraphs'"):
-        compress(tiny_llama, ids, 2, 30, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 2, 30, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
 
 
 def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model_dir):

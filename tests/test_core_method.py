@@ -7,7 +7,7 @@ import torch
 
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress
+from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.kv.context import Context
 from vkv.kv.file import cache_metadata, load_cache, save_cache
@@ -97,7 +97,7 @@ def test_removed_span_equals_masked_attention_reference(tiny):
 def test_save_load_roundtrip_gives_identical_logits(tiny_llama, tmp_path):
     lm = tiny_llama
     ids = ids_of(lm)
-    spliced = compress(lm, ids, 3, 20, CompressConfig(ratio=3.0, optim=OptimConfig(steps=3)))
+    spliced = compress_span(lm, ids, 3, 20, CompressConfig(ratio=3.0, optim=OptimConfig(steps=3)))
     spliced.meta = cache_metadata(lm)
     path = tmp_path / "c.safetensors"
     save_cache(spliced, path)
@@ -112,7 +112,7 @@ def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, 
     from tests.conftest import build_tiny
 
     lm = tiny_llama
-    spliced = compress(lm, ids_of(lm), 2, 12, CompressConfig(ratio=2.0, optim=OptimConfig(steps=1)))
+    spliced = compress_span(lm, ids_of(lm), 2, 12, CompressConfig(ratio=2.0, optim=OptimConfig(steps=1)))
     spliced.meta = cache_metadata(lm)
     path = tmp_path / "c.safetensors"
     save_cache(spliced, path)
@@ -132,16 +132,16 @@ def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, 
 def test_bad_ratio_and_empty_span_are_clear_errors(tiny_llama):
     ids = ids_of(tiny_llama)
     with pytest.raises(VkvError, match="compression ratio must be at least 1"):
-        compress(tiny_llama, ids, 2, 12, CompressConfig(ratio=0.9, optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 2, 12, CompressConfig(ratio=0.9, optim=OptimConfig(steps=1)))
     with pytest.raises(VkvError, match="empty"):
-        compress(tiny_llama, ids, 5, 5, CompressConfig(optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 5, 5, CompressConfig(optim=OptimConfig(steps=1)))
 
 
 def test_optimiser_keeps_best_and_is_deterministic(tiny_llama):
     ids = ids_of(tiny_llama)
     cfg = CompressConfig(ratio=4.0, optim=OptimConfig(steps=15, lr=5e-2, init="random", seed=3))
-    first = compress(tiny_llama, ids, 2, 30, cfg).segments[1]
-    second = compress(tiny_llama, ids, 2, 30, cfg).segments[1]
+    first = compress_span(tiny_llama, ids, 2, 30, cfg).segments[1]
+    second = compress_span(tiny_llama, ids, 2, 30, cfg).segments[1]
     assert torch.equal(first.embeddings, second.embeddings)
     st = first.stats
     assert st["best_loss"] == min(st["trace"]) and st["best_loss"] < st["initial_loss"]
@@ -153,5 +153,5 @@ def test_optimiser_keeps_best_and_is_deterministic(tiny_llama):
 def test_key_targets_and_losses_optimise(tiny_llama, target, loss):
     ids = ids_of(tiny_llama)
     cfg = CompressConfig(ratio=3.0, target=target, optim=OptimConfig(steps=8, loss=loss))
-    seg = compress(tiny_llama, ids, 2, 20, cfg).segments[1]
+    seg = compress_span(tiny_llama, ids, 2, 20, cfg).segments[1]
     assert math.isfinite(seg.stats["best_loss"]) and seg.stats["best_loss"] <= seg.stats["initial_loss"]

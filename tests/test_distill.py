@@ -6,7 +6,7 @@ import torch
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import DistillConfig, build_probes, distill, summary_request_ids
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress
+from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span
@@ -49,7 +49,7 @@ def test_compress_records_the_distillation_stage(tiny_llama, problem):
     config = CompressConfig(
         ratio=4.0, optim=OptimConfig(steps=2), distill=DistillConfig(steps=2, probes=("continuation",), probe_tokens=8)
     )
-    spliced = compress(tiny_llama, ids, start, end, config)
+    spliced = compress_span(tiny_llama, ids, start, end, config)
     stats = spliced.segments[1].stats["distill"]
     assert stats["probe_tokens"] == [8] and len(stats["trace"]) == 3
     assert CompressConfig.from_dict(config.to_dict()) == config

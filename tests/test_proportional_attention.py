@@ -5,7 +5,7 @@ import torch
 from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress
+from vkv.compress.single import compress_span
 from vkv.kv.context import Context
 from vkv.kv.file import load_cache, save_cache
 from vkv.kv.prefix import KVPrefix
@@ -58,7 +58,7 @@ def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, 
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
     config = CompressConfig(ratio=3.0, proportional_attention=True, optim=OptimConfig(steps=1))
-    spliced = compress(tiny_llama, rendered.ids, start, end, config)
+    spliced = compress_span(tiny_llama, rendered.ids, start, end, config)
     virtual = spliced.segments[1]
     assert (
         virtual.mass is not None and int(virtual.mass.sum()) == end - start and virtual.mass.numel() == virtual.entries
@@ -68,7 +68,7 @@ def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, 
     loaded = load_cache(tmp_path / "c.safetensors")
     torch.testing.assert_close(loaded.attention_bias(), spliced.attention_bias())
     assert spliced.attention_bias()[:start].abs().max() == 0
-    off = compress(
+    off = compress_span(
         tiny_llama,
         rendered.ids,
         start,

@@ -1,3 +1,35 @@
-"""vkv: compress a coding agent's conversation at the model's own representation layer."""
+"""vkv: compress a coding agent's conversation at the model's own representation layer.
+
+The public API, imported on first use (so `import vkv` stays light):
+
+    lm = vkv.load_model("smollm2-135m")                       # a FrozenLM
+    spliced = vkv.compress_span(lm, ids, start, end, vkv.CompressConfig(ratio=3.2))
+    vkv.save_cache(spliced, "c.safetensors"); vkv.load_cache("c.safetensors", lm)
+    session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
+"""
 
 __version__ = "0.1.0"
+
+_API = {
+    "load_model": "vkv.lm.load",
+    "FrozenLM": "vkv.lm.frozen",
+    "CompressConfig": "vkv.compress.config",
+    "compress_span": "vkv.compress.single",
+    "compress_transcript": "vkv.compress.single",
+    "Session": "vkv.compress.session",
+    "SplicedCache": "vkv.kv.spliced",
+    "Segment": "vkv.kv.segment",
+    "save_cache": "vkv.kv.file",
+    "load_cache": "vkv.kv.file",
+    "load_transcript": "vkv.text.transcript",
+    "get_method": "vkv.methods",
+}
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from importlib import import_module
+
+        return getattr(import_module(_API[name]), name)
+    raise AttributeError(f"module 'vkv' has no attribute {name!r}")

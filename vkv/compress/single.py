@@ -73,7 +73,7 @@ def virtual_segment(
     )
 
 
-def compress(
+def compress_span(
     lm: FrozenLM,
     ids: list[int],
     start: int,
@@ -120,7 +120,7 @@ def compress_transcript(
 
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
-    spliced = compress(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
+    spliced = compress_span(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
     spliced.meta = cache_metadata(
         lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict()
     )
