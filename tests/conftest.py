@@ -94,3 +94,11 @@ def tiny_lamr_checkpoint(tiny_llama, tmp_path_factory) -> Path:
         )
     )
     return save_checkpoint(model, root / "checkpoint")
+
+
+def shared_mass(segment):
+    """The tokens each entry stands for, from a proportional-attention bias (shared by all layers and KV heads)."""
+    if segment.bias is None:
+        return None
+    assert torch.equal(segment.bias, segment.bias[:1, :1].expand_as(segment.bias)), "the bias is not shared"
+    return segment.bias[0, 0].exp().round()

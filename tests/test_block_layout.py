@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.conftest import shared_mass
 from tests.test_hybrid import evaluation, verbatim_entries  # noqa: F401  (a module fixture)
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
@@ -31,7 +32,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     mass = block_mass(acts.surprisal, config.mass_floor)
     expected = partition_by_mass(mass, 7)
     assert expected != partition(end - start, 7)  # the layouts really differ on this text
-    assert torch.equal(segment.mass, expected.sizes())  # proportional attention follows the blocks
+    assert torch.equal(shared_mass(segment), expected.sizes())  # proportional attention follows the blocks
     assert torch.allclose(segment.positions, expected.centres(torch.arange(start, end)))
     per_block = torch.stack([mass[lo:hi].sum() for lo, hi in expected.ranges()])
     unequal = torch.stack([mass[lo:hi].sum() for lo, hi in partition(end - start, 7).ranges()])
@@ -50,7 +51,7 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
     assert blocks != partition(len(rest), blocks.count)
     virtual = torch.ones(segment.entries, dtype=torch.bool)
     virtual[verbatim_entries(segment)] = False
-    assert torch.equal(segment.mass[virtual], blocks.sizes())
+    assert torch.equal(shared_mass(segment)[virtual], blocks.sizes())
     assert torch.allclose(segment.positions[virtual], blocks.centres(rest + work.start))
 
 

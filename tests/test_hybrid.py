@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+from tests.conftest import shared_mass
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
 from vkv.compress.optimise import OptimConfig
@@ -51,10 +52,12 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
     text = [work.lm.tokenizer.decode([work.ids[p]]) for p in original.tolist()]
     assert segment.stats["verbatim_text"] == text
     # proportional attention: a verbatim entry stands for itself, the virtual ones for the rest of the span
-    assert torch.all(segment.mass[kept] == 1) and int(segment.mass.sum()) == work.span_length
+    assert torch.all(shared_mass(segment)[kept] == 1) and int(shared_mass(segment).sum()) == work.span_length
     virtual = torch.ones(segment.entries, dtype=torch.bool)
     virtual[kept] = False
-    assert segment.mass[virtual].min() >= 1 and segment.mass[virtual].sum() == work.span_length - len(kept)
+    assert shared_mass(segment)[virtual].min() >= 1 and shared_mass(segment)[virtual].sum() == work.span_length - len(
+        kept
+    )
 
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
@@ -62,7 +65,7 @@ def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
     segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2
     )
-    assert segment.mass is None
+    assert shared_mass(segment) is None
 
 
 def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):

@@ -1,11 +1,18 @@
-"""Proportional attention: a virtual token standing for s tokens gets log(s) added to later queries' logits."""
+"""Attention biases in the cache: per layer and KV head, added to later queries' logits for each entry.
 
+Proportional attention is the shared special case: a virtual token standing for s tokens carries log(s).
+"""
+
+import json
+
+import pytest
 import torch
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, shared_mass
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.single import compress_span
+from vkv.errors import VkvError
 from vkv.kv.context import Context
 from vkv.kv.file import load_cache, save_cache
 from vkv.kv.prefix import KVPrefix
@@ -19,55 +26,85 @@ def _rendered(lm):
     return render(load_transcript(FIXTURES / "mini-agent.json"), lm.tokenizer)
 
 
-def test_mass_of_one_changes_nothing_and_duplicated_entries_equal_mass_two(tiny_llama):
-    ids = _rendered(tiny_llama).ids[:40]
-    _, cache = capture_span(tiny_llama, ids, 0, 30, keep_cache=True)
-    prefix = KVPrefix.from_cache(cache)
-    plain = SplicedCache()
-    plain.append(verbatim_segment(prefix.slice(0, 30), 0))
-    ones = SplicedCache()
-    ones.append(verbatim_segment(prefix.slice(0, 30), 0))
-    ones.segments[0].mass = torch.ones(30)
-    probe = ids[30:40]
-    torch.testing.assert_close(Context(tiny_llama, plain).feed(probe), Context(tiny_llama, ones).feed(probe))
+def _prefix(lm, n=30):
+    ids = _rendered(lm).ids[: n + 10]
+    _, cache = capture_span(lm, ids, 0, n, keep_cache=True)
+    return ids, KVPrefix.from_cache(cache)
 
-    # an entry repeated twice attracts exactly the attention of one entry with mass 2
+
+def _with_bias(segment, bias):
+    return Segment(segment.kind, segment.span, segment.keys, segment.values, segment.positions, bias=bias)
+
+
+def _feed(lm, segment, probe):
+    spliced = SplicedCache()
+    spliced.append(segment)
+    return Context(lm, spliced).feed(probe)
+
+
+def test_a_bias_of_zeros_changes_nothing(tiny_llama):
+    ids, prefix = _prefix(tiny_llama)
     seg = verbatim_segment(prefix.slice(0, 30), 0)
-    twice = SplicedCache()
+    zeros = _with_bias(seg, torch.zeros(seg.keys.shape[:3]))
+    torch.testing.assert_close(_feed(tiny_llama, seg, ids[30:40]), _feed(tiny_llama, zeros, ids[30:40]))
+
+
+@pytest.mark.parametrize("where", ["every head", "one layer and head"])
+def test_an_entry_duplicated_equals_one_entry_with_bias_log_2(tiny_llama, where):
+    """Duplicating entry 29 doubles the attention it draws; a bias of log 2 does the same. For one layer and KV
+    head only, the duplicate is hidden from every other layer and head by a large negative bias."""
+    ids, prefix = _prefix(tiny_llama)
+    seg = verbatim_segment(prefix.slice(0, 30), 0)
+    layers, heads = seg.keys.shape[:2]
     doubled = torch.cat([torch.arange(30), torch.tensor([29])])
-    twice.append(
-        Segment("verbatim", (0, 30), seg.keys[:, :, doubled], seg.values[:, :, doubled], seg.positions[doubled])
+    twice_bias = torch.zeros(layers, heads, 31)
+    weighted_bias = torch.zeros(layers, heads, 30)
+    if where == "every head":
+        weighted_bias[:, :, 29] = torch.log(torch.tensor(2.0))
+    else:
+        layer, head = layers - 1, heads - 1
+        twice_bias[:, :, 30] = -1e4
+        twice_bias[layer, head, 30] = 0.0
+        weighted_bias[layer, head, 29] = torch.log(torch.tensor(2.0))
+    twice = Segment(
+        "verbatim", (0, 30), seg.keys[:, :, doubled], seg.values[:, :, doubled], seg.positions[doubled], bias=twice_bias
     )
-    weighted = SplicedCache()
-    weighted.append(
-        Segment(
-            "verbatim",
-            (0, 30),
-            seg.keys,
-            seg.values,
-            seg.positions,
-            mass=torch.cat([torch.ones(29), torch.tensor([2.0])]),
-        )
-    )
+    weighted = _with_bias(seg, weighted_bias)
     torch.testing.assert_close(
-        Context(tiny_llama, twice).feed(probe), Context(tiny_llama, weighted).feed(probe), atol=1e-5, rtol=1e-4
+        _feed(tiny_llama, twice, ids[30:40]), _feed(tiny_llama, weighted, ids[30:40]), atol=1e-5, rtol=1e-4
     )
+    assert not torch.allclose(_feed(tiny_llama, seg, ids[30:40]), _feed(tiny_llama, weighted, ids[30:40]))
 
 
-def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, tmp_path):
+def test_the_direct_forward_and_the_models_own_honour_a_per_head_bias_alike(tiny_llama):
+    """forward_kv attends to a biased prefix in vkv's kernel (fast) or through the model with hooks (slow)."""
+    ids, prefix = _prefix(tiny_llama)
+    torch.manual_seed(0)
+    layers, heads = tiny_llama.spec.num_layers, tiny_llama.spec.num_kv_heads
+    biased = KVPrefix(prefix.keys, prefix.values, None, [torch.randn(1, heads, 30) for _ in range(layers)])
+    embeds = tiny_llama.embed(torch.tensor(ids[30:36]))[None]
+    positions = torch.arange(30, 36).float()
+    fast = tiny_llama.forward_kv(embeds, positions, biased, fast=True)
+    slow = tiny_llama.forward_kv(embeds, positions, biased, fast=False)
+    plain = tiny_llama.forward_kv(embeds, positions, prefix, fast=True)
+    for a, b in zip(fast[1], slow[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert not torch.allclose(fast[1][-1], plain[1][-1])  # the bias did change what later layers compute
+
+
+def test_virtual_segment_bias_counts_its_blocks_and_survives_a_file(tiny_llama, tmp_path):
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
     config = CompressConfig(ratio=3.0, proportional_attention=True, optim=OptimConfig(steps=1))
     spliced = compress_span(tiny_llama, rendered.ids, start, end, config)
     virtual = spliced.segments[1]
-    assert (
-        virtual.mass is not None and int(virtual.mass.sum()) == end - start and virtual.mass.numel() == virtual.entries
-    )
+    mass = shared_mass(virtual)
+    assert int(mass.sum()) == end - start and mass.numel() == virtual.entries
     spliced.meta.update({"fingerprint": tiny_llama.fingerprint, "spec": tiny_llama.spec.to_dict()})
     save_cache(spliced, tmp_path / "c.safetensors")
     loaded = load_cache(tmp_path / "c.safetensors")
     torch.testing.assert_close(loaded.attention_bias(), spliced.attention_bias())
-    assert spliced.attention_bias()[:start].abs().max() == 0
+    assert spliced.attention_bias()[:, :, :start].abs().max() == 0
     off = compress_span(
         tiny_llama,
         rendered.ids,
@@ -75,4 +112,30 @@ def test_virtual_segment_mass_counts_its_blocks_and_survives_a_file(tiny_llama, 
         end,
         CompressConfig(ratio=3.0, proportional_attention=False, optim=OptimConfig(steps=1)),
     )
-    assert off.segments[1].mass is None and off.attention_bias() is None
+    assert off.segments[1].bias is None and off.attention_bias() is None
+
+
+def test_a_version_1_file_with_mass_still_loads_as_a_shared_log_bias(tiny_llama, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    _, prefix = _prefix(tiny_llama)
+    seg = verbatim_segment(prefix.slice(0, 30), 0)
+    mass = torch.cat([torch.ones(29), torch.tensor([3.0])])
+    spliced = SplicedCache(meta={"fingerprint": tiny_llama.fingerprint, "spec": tiny_llama.spec.to_dict()})
+    spliced.append(_with_bias(seg, torch.zeros(seg.keys.shape[:3])))
+    path = tmp_path / "v2.safetensors"
+    save_cache(spliced, path)
+    with safe_open(str(path), framework="pt") as f:  # rewrite it as version 1 wrote it: `mass`, no `bias`
+        header = json.loads(f.metadata()["vkv"])
+    tensors = load_file(str(path))
+    tensors.pop("segments.0.bias")
+    tensors["segments.0.mass"] = mass
+    header["format_version"] = 1
+    save_file(tensors, str(tmp_path / "v1.safetensors"), metadata={"vkv": json.dumps(header)})
+    loaded = load_cache(tmp_path / "v1.safetensors", tiny_llama)
+    assert torch.equal(shared_mass(loaded.segments[0]), mass)
+    header["format_version"] = 3
+    save_file(tensors, str(tmp_path / "v3.safetensors"), metadata={"vkv": json.dumps(header)})
+    with pytest.raises(VkvError, match="format_version: cache format version 3"):
+        load_cache(tmp_path / "v3.safetensors")

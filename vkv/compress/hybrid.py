@@ -35,7 +35,7 @@ from vkv.compress.problem import SpanProblem
 from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, mass_bias
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import from_dict
@@ -223,7 +223,7 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: Verbat
         positions[order],
         embeddings[order],
         stats,
-        mass=mass,
+        None if mass is None else mass_bias(mass, *keys.shape[:2]),
     )
 
 

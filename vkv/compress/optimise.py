@@ -269,8 +269,9 @@ class Batch:
             valid = prefix.valid[index] if prefix.valid is not None else None
             length = int(valid.sum(1).max()) if valid is not None else prefix.length
             valid = None if valid is None or bool(valid[:, :length].all()) else valid[:, :length]
+            bias = None if prefix.bias is None else [b[index, :, :length] for b in prefix.bias]
             prefix = KVPrefix(
-                [k[index, :, :length] for k in prefix.keys], [v[index, :, :length] for v in prefix.values], valid
+                [k[index, :, :length] for k in prefix.keys], [v[index, :, :length] for v in prefix.values], valid, bias
             )
         mask = None if self.token_mask is None else self.token_mask[index, :n]
         return Batch(

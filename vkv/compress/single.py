@@ -19,7 +19,7 @@ from vkv.compress.pooling import num_virtual_tokens
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, mass_bias
 from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
@@ -60,17 +60,10 @@ def virtual_segment(
         }
     with torch.no_grad():
         keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
+    keys = torch.cat(keys).float().cpu()
     mass = problem.mass(config)
-    return Segment(
-        "virtual",
-        (start, end),
-        torch.cat(keys).float().cpu(),
-        torch.cat(values).float().cpu(),
-        positions,
-        embeddings,
-        stats=stats,
-        mass=mass,
-    )
+    bias = None if mass is None else mass_bias(mass, *keys.shape[:2])
+    return Segment("virtual", (start, end), keys, torch.cat(values).float().cpu(), positions, embeddings, stats, bias)
 
 
 def compress_span(

@@ -21,8 +21,8 @@ class Context:
     def __init__(self, lm: FrozenLM, spliced: SplicedCache):
         self.lm = lm
         self.cache = spliced.to_dynamic_cache(lm)
-        bias = spliced.attention_bias()
-        self.bias = None if bias is None else bias.to(lm.device, lm.dtype)  # [base_length], for every new query
+        bias = spliced.attention_bias()  # [layers, kv_heads, base_length]: every new query adds it
+        self.bias = None if bias is None else [b[None].to(lm.device) for b in bias]
         self.base_length = spliced.physical_length
         self.base_position = spliced.next_position
         self.length = self.base_length
@@ -34,7 +34,7 @@ class Context:
             return torch.empty(0, self.lm.spec.vocab_size)
         n = len(ids)
         positions = torch.arange(self.position, self.position + n, dtype=torch.float32, device=self.lm.device)
-        with torch.no_grad():
+        with torch.no_grad(), self.lm.entry_bias(self.bias):
             out = self.lm.model(
                 input_ids=torch.tensor([ids], device=self.lm.device),
                 position_ids=positions[None],
@@ -47,10 +47,7 @@ class Context:
         return out.logits[0].float()
 
     def _mask(self, n: int) -> torch.Tensor:
-        mask = self.lm.causal_mask(self.length, n)
-        if self.bias is not None:
-            mask[..., : self.bias.numel()] += self.bias
-        return mask
+        return self.lm.causal_mask(self.length, n)
 
     def rewind(self, length: int, position: int) -> None:
         self.lm.crop_cache(self.cache, length)

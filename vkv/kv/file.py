@@ -11,13 +11,14 @@ import torch
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
-from vkv.kv.segment import KINDS, Segment
+from vkv.kv.segment import KINDS, Segment, mass_bias
 from vkv.kv.spliced import SplicedCache
 
 if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-layer, per-KV-head `bias` tensors; 1 (still read): a shared `mass` per entry
+READABLE_VERSIONS = (1, 2)
 
 
 def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[str, Any]:
@@ -57,8 +58,8 @@ def save_cache(cache: SplicedCache, path: str | Path) -> None:
         tensors[f"segments.{i}.positions"] = seg.positions.float().contiguous().cpu()
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
-        if seg.mass is not None:
-            tensors[f"segments.{i}.mass"] = seg.mass.float().contiguous().cpu()
+        if seg.bias is not None:
+            tensors[f"segments.{i}.bias"] = seg.bias.float().contiguous().cpu()
     header = {
         "format_version": FORMAT_VERSION,
         "vkv_version": __version__,
@@ -90,8 +91,11 @@ def read_header(path: str | Path) -> dict[str, Any]:
         header = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise VkvError(f"{p}: vkv metadata is not valid JSON") from exc
-    if header.get("format_version") != FORMAT_VERSION:
-        raise VkvError(f"{p}: cache format version {header.get('format_version')} (this vkv reads {FORMAT_VERSION})")
+    if header.get("format_version") not in READABLE_VERSIONS:
+        raise VkvError(
+            f"{p}: field format_version: cache format version {header.get('format_version')} "
+            f"(this vkv reads {', '.join(map(str, READABLE_VERSIONS))})"
+        )
     return header
 
 
@@ -136,9 +140,17 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         )
     if row.get("kind") not in KINDS:
         raise VkvError(f"{where}.kind: unknown segment kind {row.get('kind')!r}")
-    mass = tensors.get(f"segments.{i}.mass")
-    if mass is not None and (mass.shape != positions.shape or not bool((mass > 0).all())):
-        raise VkvError(f"{where}: mass must hold one positive count per entry, got shape {tuple(mass.shape)}")
+    bias = tensors.get(f"segments.{i}.bias")
+    mass = tensors.get(f"segments.{i}.mass")  # version 1: proportional attention's token counts
+    if mass is not None:
+        if mass.shape != positions.shape or not bool((mass > 0).all()):
+            raise VkvError(f"{where}: mass must hold one positive count per entry, got shape {tuple(mass.shape)}")
+        bias = mass_bias(mass, *keys.shape[:2])
+    if bias is not None and (bias.shape != keys.shape[:3] or not bool(torch.isfinite(bias).all())):
+        raise VkvError(
+            f"{where}.bias: expected finite values of shape (layers, kv_heads, entries) = {tuple(keys.shape[:3])}, "
+            f"got {tuple(bias.shape)}"
+        )
     return Segment(
         row["kind"],
         tuple(row["span"]),
@@ -147,5 +159,5 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         positions,
         tensors.get(f"segments.{i}.embeddings"),
         row.get("stats", {}),
-        mass,
+        bias,
     )

@@ -15,12 +15,14 @@ if TYPE_CHECKING:
 class KVPrefix:
     """Read-only per-layer keys and values `[B, kv_heads, length, head_dim]` that new tokens attend to.
 
-    `valid` `[B, length]` (bool) marks real entries when prefixes of different lengths are padded into a
-    batch; None means all entries are real."""
+    `bias` (per layer `[B, kv_heads, length]`, or None for none) is added to every new query's attention logit
+    for each entry: the fitted or proportional-attention bias compressed entries carry. `valid` `[B, length]`
+    (bool) marks real entries when prefixes of different lengths are padded into a batch; None: all are real."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     valid: torch.Tensor | None = None
+    bias: list[torch.Tensor] | None = None
 
     @property
     def length(self) -> int:
@@ -39,14 +41,16 @@ class KVPrefix:
 
     def slice(self, start: int, end: int | None = None) -> KVPrefix:
         """Views of entries [start, end) of every layer (no copy)."""
-        return KVPrefix([k[:, :, start:end] for k in self.keys], [v[:, :, start:end] for v in self.values])
+        bias = None if self.bias is None else [b[:, :, start:end] for b in self.bias]
+        return KVPrefix([k[:, :, start:end] for k in self.keys], [v[:, :, start:end] for v in self.values], None, bias)
 
     def select(self, index: torch.Tensor) -> KVPrefix:
         """The entries at `index` `[n]` (in that order) of every layer (a copy)."""
         if self.valid is not None:
             raise ValueError("selecting entries of a padded batch of prefixes is not supported")
         index = index.to(self.keys[0].device) if self.keys else index
-        return KVPrefix([k[:, :, index] for k in self.keys], [v[:, :, index] for v in self.values])
+        bias = None if self.bias is None else [b[:, :, index.to(b.device)] for b in self.bias]
+        return KVPrefix([k[:, :, index] for k in self.keys], [v[:, :, index] for v in self.values], None, bias)
 
     def cat(self, other: KVPrefix) -> KVPrefix:
         """self ⊕ other per layer, `other` moved to self's device and dtype (no copy when either is empty)."""
@@ -54,10 +58,22 @@ class KVPrefix:
             return other
         if not other.length:
             return self
+        bias = None
+        if self.bias is not None or other.bias is not None:
+            a, b = self.layer_bias(), other.layer_bias()
+            bias = [torch.cat([x, y.to(x.device)], dim=2) for x, y in zip(a, b)]
         return KVPrefix(
             [torch.cat([a, b.to(a.device, a.dtype)], dim=2) for a, b in zip(self.keys, other.keys)],
             [torch.cat([a, b.to(a.device, a.dtype)], dim=2) for a, b in zip(self.values, other.values)],
+            None,
+            bias,
         )
+
+    def layer_bias(self) -> list[torch.Tensor]:
+        """The bias per layer `[B, kv_heads, length]` float32, zeros when there is none."""
+        if self.bias is not None:
+            return [b.float() for b in self.bias]
+        return [torch.zeros(k.shape[:3], device=k.device) for k in self.keys]
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of a batch-1 prefix as `[layers, kv_heads, length, head_dim]` float32 CPU tensors,
@@ -66,14 +82,21 @@ class KVPrefix:
         values = torch.cat([v.detach() for v in self.values]).float().cpu()
         return keys, values
 
+    def stacked_bias(self) -> torch.Tensor | None:
+        """The bias of a batch-1 prefix as `[layers, kv_heads, length]` float32 CPU, or None."""
+        return None if self.bias is None else torch.cat([b.detach() for b in self.bias]).float().cpu()
+
     def to(self, device: torch.device, dtype: torch.dtype) -> KVPrefix:
-        """The same prefix on `device` in `dtype` (no copy when it already is)."""
+        """The same prefix on `device` in `dtype` (no copy when it already is); the bias stays float32."""
         valid = None if self.valid is None else self.valid.to(device)
-        return KVPrefix([k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid)
+        bias = None if self.bias is None else [b.to(device, torch.float32) for b in self.bias]
+        return KVPrefix(
+            [k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid, bias
+        )
 
     def to_dynamic_cache(self, lm: FrozenLM):
         """A transformers DynamicCache holding these entries on the model's device and dtype (autograd-tracked
-        when the entries are)."""
+        when the entries are). A cache cannot hold the bias: whoever attends adds it (`FrozenLM.entry_bias`)."""
         cache = lm.new_cache()
         for layer, (k, v) in enumerate(zip(self.keys, self.values)):
             cache.update(k.to(lm.device, lm.dtype), v.to(lm.device, lm.dtype), layer)
@@ -91,10 +114,14 @@ class KVPrefix:
         shape = (len(prefixes), heads, longest, dim)
         keys = [sample.new_zeros(shape) for _ in range(layers)]
         values = [sample.new_zeros(shape) for _ in range(layers)]
+        with_bias = any(p.bias is not None for p in prefixes)
+        bias = [torch.zeros(shape[:3], device=sample.device) for _ in range(layers)] if with_bias else None
         valid = torch.zeros(len(prefixes), longest, dtype=torch.bool, device=sample.device)
         for b, p in enumerate(prefixes):
             for layer in range(p.length and layers):
                 keys[layer][b, :, : p.length] = p.keys[layer][0]
                 values[layer][b, :, : p.length] = p.values[layer][0]
+                if with_bias:
+                    bias[layer][b, :, : p.length] = p.layer_bias()[layer][0]
             valid[b, : p.length] = True if p.valid is None else p.valid[0]
-        return cls(keys, values, None if bool(valid.all()) else valid)
+        return cls(keys, values, None if bool(valid.all()) else valid, bias)

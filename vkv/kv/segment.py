@@ -24,8 +24,9 @@ class Segment:
     positions: torch.Tensor  # [entries] float32 logical positions
     embeddings: torch.Tensor | None = None  # [entries, hidden] for virtual segments
     stats: dict[str, Any] = field(default_factory=dict)
-    mass: torch.Tensor | None = None  # [entries] original tokens each entry stands for; later queries add
-    # log(mass) to their attention logits (proportional attention); None: one token each, no bias
+    bias: torch.Tensor | None = None  # [layers, kv_heads, entries] float32, added to every later query's attention
+    # logit for the entry, per layer and KV head (a fitted bias; or proportional attention's log of the tokens an
+    # entry stands for, shared by all); None: no bias
 
     @property
     def entries(self) -> int:
@@ -42,7 +43,8 @@ class Segment:
     @property
     def kv(self) -> KVPrefix:
         """The entries as a batch-1 prefix, `[1, kv_heads, entries, head_dim]` per layer (views)."""
-        return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values])
+        bias = None if self.bias is None else [b[None] for b in self.bias]
+        return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values], None, bias)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -58,7 +60,16 @@ def verbatim_segment(kv: KVPrefix, start: int) -> Segment:
     """A verbatim segment from a batch-1 prefix whose entries are the real K/V of tokens [start, start + n)."""
     keys, values = kv.stacked()
     n = keys.shape[2]
-    return Segment("verbatim", (start, start + n), keys, values, torch.arange(start, start + n).float())
+    return Segment(
+        "verbatim", (start, start + n), keys, values, torch.arange(start, start + n).float(), bias=kv.stacked_bias()
+    )
+
+
+def mass_bias(mass: torch.Tensor, layers: int, kv_heads: int) -> torch.Tensor:
+    """Proportional attention as a bias: log of the tokens each entry stands for, `[entries]`, shared by every
+    layer and KV head → `[layers, kv_heads, entries]`. An entry standing for m tokens draws the attention m
+    copies of it would."""
+    return mass.float().log().expand(layers, kv_heads, -1).contiguous()
 
 
 class SegmentGroup(list):

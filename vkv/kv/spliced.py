@@ -46,13 +46,17 @@ class SplicedCache:
         layers = self.segments[0].keys.shape[0]
         keys = [torch.cat([s.keys[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
         values = [torch.cat([s.values[layer] for s in self.segments], dim=1)[None] for layer in range(layers)]
-        return KVPrefix(keys, values)
+        bias = self.attention_bias()
+        return KVPrefix(keys, values, None, None if bias is None else [b[None] for b in bias])
 
     def attention_bias(self) -> torch.Tensor | None:
-        """log(mass) per entry `[physical_length]` (0 for entries without a mass); None when no segment has one."""
-        if all(s.mass is None for s in self.segments):
+        """Every entry's bias `[layers, kv_heads, physical_length]` (0 for segments without one); None when no
+        segment has one."""
+        if all(s.bias is None for s in self.segments):
             return None
-        return torch.cat([torch.zeros(s.entries) if s.mass is None else s.mass.float().log() for s in self.segments])
+        return torch.cat(
+            [torch.zeros(s.keys.shape[:3]) if s.bias is None else s.bias.float() for s in self.segments], dim=2
+        )
 
     def to_dynamic_cache(self, lm: FrozenLM):
         """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""

@@ -12,7 +12,15 @@ from typing import Any
 import torch
 
 from vkv.kv.prefix import KVPrefix
-from vkv.lm.kernel import RecordingPrefix, StopForward, attend, attention_bias, attention_masks, rotate_half
+from vkv.lm.kernel import (
+    RecordingPrefix,
+    StopForward,
+    attend,
+    attention_bias,
+    attention_masks,
+    rotate_half,
+    with_entry_bias,
+)
 from vkv.lm.spec import fingerprint, spec_from_config
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
@@ -175,7 +183,7 @@ class FrozenLM:
             prefix_keys, prefix_values = (prefix.keys[i], prefix.values[i]) if prefix.length else (None, None)
             if prefix.length and not autocast:  # under autocast the matmul casts (a no-op for a bf16 prefix)
                 prefix_keys, prefix_values = prefix_keys.to(hidden.dtype), prefix_values.to(hidden.dtype)
-            out = attend(q, k_rotated, v, prefix_keys, prefix_values, masks, attn.scaling)
+            out = attend(q, k_rotated, v, prefix_keys, prefix_values, with_entry_bias(masks, prefix, i), attn.scaling)
             hidden = hidden + linear(attn.o_proj, compute(out))
             x = compute(layer.post_attention_layernorm(hidden))
             mlp = layer.mlp
@@ -204,6 +212,41 @@ class FrozenLM:
         finally:
             self._weight_copies, self._weight_copies_dtype = previous
 
+    @contextmanager
+    def entry_bias(self, bias: list[torch.Tensor] | None):
+        """Within the block, the model's own forward adds `bias[layer]` `[B, kv_heads, L]` to every query's
+        attention logits over the first L keys (the cached entries), per layer and KV head (a transformers cache
+        cannot hold a bias, and its attention mask is one for all layers and heads). No-op for None."""
+        if bias is None:
+            yield
+            return
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        per_layer = [b.to(self.device, torch.float32).repeat_interleave(group, dim=1)[:, :, None, :] for b in bias]
+
+        def hook_for(layer: int):
+            def add_bias(_module, args, kwargs):
+                mask, b = kwargs.get("attention_mask"), per_layer[layer]
+                if mask is None or mask.dim() != 4:
+                    raise RuntimeError("entry biases need an explicit 4-d attention mask (pass one to the model)")
+                if mask.dtype == torch.bool:  # True = may attend
+                    mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
+                        ~mask, torch.finfo(self.dtype).min
+                    )
+                batch = max(mask.shape[0], b.shape[0])
+                mask = mask.expand(batch, b.shape[1], mask.shape[2], mask.shape[3]).clone()
+                mask[..., : b.shape[-1]] += b.to(mask.dtype)
+                return args, {**kwargs, "attention_mask": mask}
+
+            return add_bias
+
+        modules = self.attention_modules()
+        handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
     def weight_copies(self) -> list[torch.Tensor]:
         """The low-precision weight copies `compute_weights` holds right now (to count their memory)."""
         return list((self._weight_copies or {}).values())
@@ -227,13 +270,14 @@ class FrozenLM:
         recorder = RecordingPrefix(prefix, last, batch)
         bias = attention_bias(n, prefix, token_mask, self.dtype, self.device)  # [B, 1, n, L + n]
         try:
-            self.model.model(
-                inputs_embeds=embeds.to(self.device, self.dtype),
-                position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
-                attention_mask=bias.expand(batch, 1, n, prefix.length + n),
-                past_key_values=recorder,
-                use_cache=True,
-            )
+            with self.entry_bias(prefix.bias):
+                self.model.model(
+                    inputs_embeds=embeds.to(self.device, self.dtype),
+                    position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
+                    attention_mask=bias.expand(batch, 1, n, prefix.length + n),
+                    past_key_values=recorder,
+                    use_cache=True,
+                )
         except StopForward:
             pass
         return recorder.keys, recorder.values

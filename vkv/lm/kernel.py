@@ -28,6 +28,17 @@ def attention_masks(
     return prefix_bias, new_bias[:, None]
 
 
+def with_entry_bias(
+    masks: tuple[torch.Tensor | None, torch.Tensor], prefix: KVPrefix, layer: int
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """`attention_masks`' prefix mask plus the prefix's own bias at `layer` (`[B, kv_heads, 1, L]`: per KV head,
+    shared by the query heads of its group, as `attend` lays them out)."""
+    if prefix.bias is None or not prefix.length:
+        return masks
+    entry = prefix.bias[layer][:, :, None, :].float()
+    return (entry if masks[0] is None else masks[0] + entry), masks[1]
+
+
 def attention_bias(
     new_length: int, prefix: KVPrefix, token_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
