@@ -10,7 +10,7 @@ import torch
 
 from vkv.kv.prefix import KVPrefix
 
-KINDS = ("verbatim", "virtual")
+KINDS = ("verbatim", "virtual", "compact")  # compact: real keys, chosen per layer and KV head, fitted biases/values
 
 
 @dataclass

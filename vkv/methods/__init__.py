@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from vkv.errors import VkvError
+from vkv.methods.am import AttentionMatching
 from vkv.methods.base import Method, SpanWork
 from vkv.methods.full import Full
 from vkv.methods.hybrid import Hybrid
 from vkv.methods.knorm import KeyNorm
+from vkv.methods.kvzip import KVzip
 from vkv.methods.lamr import LaMRMethod
 from vkv.methods.longcodezip import LongCodeZipMethod
 from vkv.methods.none import NoContext
@@ -28,6 +30,8 @@ METHODS: dict[str, type[Method]] = {
         SnapKV,
         KeyNorm,
         LongCodeZipMethod,
+        AttentionMatching,  # the closed-form anchors (issue 18)
+        KVzip,
     )
 }
 METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)

@@ -50,6 +50,24 @@ class SpanWork:
         keys, values = self.kv.select(rows).stacked()
         return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
 
+    def span_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The span's own full-context keys and values, `[layers, kv_heads, span, head_dim]` float32 each."""
+        return self.kv.slice(self.start - self.kv_start, self.end - self.kv_start).stacked()
+
+    def keep_per_head(
+        self, index: torch.Tensor, values: torch.Tensor | None = None, bias: torch.Tensor | None = None, **stats
+    ) -> Segment:
+        """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
+        own entries), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
+        `[layers, kv_heads, t]`. Entry j's position is the mean original position of the j-th kept entries."""
+        keys, span_values = self.span_kv()
+        gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+        kept_values = span_values.gather(2, gather) if values is None else values
+        positions = index.float().mean(dim=(0, 1)) + self.start
+        return Segment(
+            "compact", (self.start, self.end), keys.gather(2, gather), kept_values, positions, bias=bias, stats=stats
+        )
+
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
         """Attention `[layers, kv_heads, key_len]` from the tokens in query_range to those in key_range (absolute
         positions inside the span), as the model computes it for this work's context."""

@@ -1,0 +1,104 @@
+"""Attention matching (closed-form compaction) and KVzip-style reconstruction scores."""
+
+import pytest
+import torch
+
+from tests.conftest import FIXTURES
+from vkv.compress.compaction import SpanReadout, compact, nnls
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.kv.file import load_cache, save_cache
+from vkv.kv.spliced import SplicedCache
+from vkv.methods import get_method
+from vkv.text.transcript import load_transcript
+
+
+def _readout(seed=0, rows=4, m=96, n=40, dim=16):
+    g = torch.Generator().manual_seed(seed)
+    return SpanReadout(
+        torch.randn(rows, m, dim, generator=g) * 0.5,
+        torch.randn(rows, n, dim, generator=g),
+        torch.randn(rows, n, dim, generator=g),
+    )
+
+
+@pytest.mark.parametrize("selection", ["attention", "omp"])
+def test_keeping_every_entry_reproduces_read_outs_and_masses(selection):
+    readout = _readout()
+    full = compact(readout, readout.keys.shape[1], selection)
+    torch.testing.assert_close(full.outputs(readout.queries, readout), readout.outputs(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(full.log_mass(readout.queries, readout), readout.log_mass(), atol=1e-4, rtol=1e-4)
+    assert full.bias.abs().max() < 1e-4  # every weight 1
+
+
+def test_nnls_is_non_negative_and_fitted_biases_keep_the_mass_better():
+    readout = _readout(1)
+    p = readout.attention()[:, :, :12]
+    w = nnls(p)
+    assert (w >= 0).all()
+    errors = {
+        b: (compact(readout, 10, bias=b).log_mass(readout.queries, readout) - readout.log_mass()).abs().mean()
+        for b in ("fit", "shared", "none")
+    }
+    assert errors["fit"] < errors["shared"] < errors["none"]
+
+
+def test_refitted_values_read_better_on_held_back_queries():
+    readout = _readout(2, m=192)
+    fit = SpanReadout(readout.queries[:, ::2], readout.keys, readout.values)
+    held = readout.queries[:, 1::2]
+    truth = SpanReadout(held, readout.keys, readout.values).outputs()
+    error = {v: (compact(fit, 10, values=v).outputs(held, readout) - truth).pow(2).mean() for v in ("refit", "keep")}
+    assert error["refit"] < error["keep"]
+
+
+def test_omp_keeps_the_mass_better_than_top_attention():
+    readout = _readout(3)
+    mass = {
+        s: (compact(readout, 8, s).log_mass(readout.queries, readout) - readout.log_mass()).abs().mean()
+        for s in ("attention", "omp")
+    }
+    assert mass["omp"] < mass["attention"]
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_llama):
+    return TranscriptEval(
+        tiny_llama, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=2)
+    )
+
+
+@pytest.mark.parametrize(
+    "name, options",
+    [("am", {}), ("am", {"selection": "omp", "queries": "both"}), ("kvzip", {}), ("kvzip", {"granularity": "token"})],
+)
+def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, options):
+    work = evaluation.work
+    segment = get_method(name, **options).compress(work, 3.0)
+    layers, kv_heads = work.lm.spec.num_layers, work.lm.spec.num_kv_heads
+    assert segment.keys.shape[:3] == (layers, kv_heads, work.budget(3.0))
+    keys, _ = work.span_kv()
+    for layer in range(layers):  # every kept key is one of the span's own, in its own head
+        for head in range(kv_heads):
+            distances = (segment.keys[layer, head][:, None] - keys[layer, head][None]).abs().amax(-1)
+            assert distances.min(dim=1).values.max() == 0
+    spliced = SplicedCache(meta={"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
+    spliced.append(segment)
+    save_cache(spliced, tmp_path / "c.safetensors")
+    loaded = load_cache(tmp_path / "c.safetensors", work.lm).segments[0]
+    assert torch.equal(loaded.keys, segment.keys) and torch.equal(loaded.values, segment.values)
+    assert (loaded.bias is None) == (segment.bias is None) and loaded.kind == segment.kind
+    result = evaluation.evaluate(get_method(name, **options), 3.0)
+    assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
+
+
+def test_am_with_every_entry_answers_as_the_full_context_does(evaluation):
+    work = evaluation.work
+    segment = get_method("am").compress(work, 1.0)
+    full = evaluation.splice(work.keep(list(range(work.span_length))))
+    compacted = evaluation.splice(segment)
+    probe = evaluation.questions[0].prompt
+    from vkv.kv.context import Context
+
+    torch.testing.assert_close(
+        Context(work.lm, compacted).feed(probe), Context(work.lm, full).feed(probe), atol=2e-3, rtol=1e-3
+    )

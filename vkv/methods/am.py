@@ -1,0 +1,69 @@
+"""Attention matching: per layer and KV head, t of the span's keys with fitted biases and refitted values, so that
+reference queries read the same from the span and give it the same share of attention (compress/compaction.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vkv.compress.compaction import SpanReadout, compact
+from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.targets import ATTENTION_QUERIES, attention_targets
+from vkv.errors import VkvError
+from vkv.kv.segment import Segment
+from vkv.lm.capture import capture_span
+from vkv.methods.base import Method, SpanWork
+
+QUERY_SOURCES = ("span", "reconstruction", "both")
+
+
+@dataclass
+class AttentionMatching(Method):
+    """Zweiger et al. 2026, question-free: reference queries are the span's own (moved past the span) and/or those
+    of a reconstruction pass; keys by attention or OMP; β by NNLS; values by ridge least squares."""
+
+    name = "am"
+    selection: str = "attention"  # or "omp"
+    bias: str = "fit"  # or "shared" (log(n / t) for every entry) or "none"
+    values: str = "refit"  # or "keep" (the kept entries' own values)
+    queries: str = "span"  # or "reconstruction" or "both"
+    num_queries: int = ATTENTION_QUERIES  # per query head and source
+    ridge: float = 1e-2  # pulls refitted values toward the kept entries' own
+
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
+        if self.queries not in QUERY_SOURCES:
+            raise VkvError(
+                f"am: field queries: unknown value '{self.queries}'; choose one of {', '.join(QUERY_SOURCES)}"
+            )
+        keys, values = work.span_kv()
+        layers, kv_heads, n, dim = keys.shape
+        queries = reference_queries(work, self.queries, self.num_queries)
+        readout = SpanReadout(
+            queries.reshape(layers * kv_heads, -1, dim), keys.reshape(-1, n, dim), values.reshape(-1, n, dim)
+        )
+        try:
+            result = compact(readout, work.budget(ratio), self.selection, self.bias, self.values, self.ridge)
+        except ValueError as exc:
+            raise VkvError(f"am: {exc}") from None
+        shape = (layers, kv_heads, -1)
+        return work.keep_per_head(
+            result.index.reshape(shape),
+            result.values.reshape(layers, kv_heads, -1, dim),
+            result.bias.reshape(shape),
+            reference_queries=queries.shape[2],
+        )
+
+
+def reference_queries(work: SpanWork, source: str, count: int) -> torch.Tensor:
+    """`[layers, kv_heads, group * queries, head_dim]`, post-RoPE and scaled: the span's own queries moved past the
+    span (what a request right after it asks first), a reconstruction pass's, or both."""
+    parts = []
+    if source in ("span", "both"):
+        acts = work.acts
+        if acts.queries_pre_rope is None:
+            acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
+        parts.append(attention_targets(work.lm, acts, torch.zeros(1), count).queries)
+    if source in ("reconstruction", "both"):
+        parts.append(ReconstructionPass.run(work.lm, work.ids, work.start, work.end).reference_queries(work.lm, count))
+    return torch.cat(parts, dim=2)
