@@ -13,9 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
+from vkv.errors import VkvError
+from vkv.kv.segment import Segment, SegmentGroup, mass_bias, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import Method, SpanWork
+
+MASS_RULES = ("none", "nearest")
+
+
+def nearest_mass(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """Tokens each kept entry stands for `[t]` (kept: ascending span-relative indices): itself and every dropped
+    token nearer to it than to any other kept one (ties go to the earlier); they sum to n."""
+    distance = (torch.arange(n)[:, None] - kept[None, :]).abs()  # [n, t]
+    return torch.bincount(distance.argmin(dim=1), minlength=len(kept)).float()
 
 
 @dataclass
@@ -23,14 +33,27 @@ class EvictionMethod(Method):
     """A KV-eviction method: `select(work, budget)` returns the span-relative indices of the entries to keep."""
 
     per_turn: bool = False  # compress each message when it ends, on top of the running compressed cache
+    mass: str = "none"  # "nearest": each kept entry's bias is log(1 + the dropped tokens nearest to it), the lever
+    # proportional attention gives vkv
 
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         raise NotImplementedError
 
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
+        if self.mass not in MASS_RULES:
+            raise VkvError(
+                f"{self.name}: field mass: unknown value '{self.mass}'; choose one of {', '.join(MASS_RULES)}"
+            )
         if self.per_turn:
             return self.compress_per_turn(work, ratio)
-        return work.keep(self.select(work, work.budget(ratio)))
+        return self.keep(work, self.select(work, work.budget(ratio)))
+
+    def keep(self, work: SpanWork, index: torch.Tensor) -> Segment:
+        segment = work.keep(index)
+        if self.mass == "nearest":
+            kept = segment.positions.long() - work.start
+            segment.bias = mass_bias(nearest_mass(kept, work.span_length), *segment.keys.shape[:2])
+        return segment
 
     def compress_per_turn(self, work: SpanWork, ratio: float) -> SegmentGroup:
         from vkv.compress.sequential import allocate, message_turns, turn_stats, view_on_cache
@@ -55,7 +78,7 @@ class EvictionMethod(Method):
                 kv_start=turn.start,
                 history=cache,
             )
-            segment = turn_work.keep(self.select(turn_work, budget))
+            segment = self.keep(turn_work, self.select(turn_work, budget))
             segment.stats = turn_stats(turn)
             cache.append(segment)
             segments.append(segment)
@@ -78,7 +101,10 @@ class TurnWork(SpanWork):
             )
         from vkv.lm.attention import attention_weights
 
-        # The history never carries a mass here: per-turn eviction keeps real entries only, one token each.
+        if self.history.attention_bias() is not None:
+            raise VkvError(
+                "attention inside a turn on top of biased entries (per_turn with mass=nearest) is not implemented"
+            )
         keys = [k[0] for k in self.history.kv().cat(self.kv).keys]
         positions = torch.cat(
             [s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()]

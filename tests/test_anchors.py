@@ -102,3 +102,23 @@ def test_am_with_every_entry_answers_as_the_full_context_does(evaluation):
     torch.testing.assert_close(
         Context(work.lm, compacted).feed(probe), Context(work.lm, full).feed(probe), atol=2e-3, rtol=1e-3
     )
+
+
+def test_nearest_mass_counts_each_dropped_token_once():
+    from vkv.methods.eviction import nearest_mass
+
+    assert nearest_mass(torch.tensor([0, 4, 9]), 10).tolist() == [3.0, 4.0, 3.0]  # 0-2 | 3-6 | 7-9 (2: a tie, earlier)
+    assert nearest_mass(torch.arange(10), 10).tolist() == [1.0] * 10
+
+
+@pytest.mark.parametrize("name", ["knorm", "truncate"])
+def test_eviction_with_nearest_mass_carries_the_dropped_tokens(evaluation, name):
+    work = evaluation.work
+    plain = get_method(name).compress(work, 3.0)
+    massed = get_method(name, mass="nearest").compress(work, 3.0)
+    assert torch.equal(plain.keys, massed.keys) and plain.bias is None
+    from tests.conftest import shared_mass
+
+    assert int(shared_mass(massed).sum()) == work.span_length and shared_mass(massed).min() >= 1
+    result = evaluation.evaluate(get_method(name, mass="nearest"), 3.0)
+    assert result["config"]["mass"] == "nearest"
