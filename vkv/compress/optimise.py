@@ -344,11 +344,10 @@ def least_squares_init(
     (variance-weighted) linear system + start's null-space component, scaled to reach that sphere; then
     x = c·y with c = start's rms, keeping the pooled embedding's scale for the residual stream.
     """
-    layer = lm.model.model.layers[0]
-    norm, attn = layer.input_layernorm, layer.self_attn
-    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    layer = lm.first_layer()
+    eps = layer.norm_eps
     hidden = start.shape[-1]
-    gain = norm.weight.detach().double().cpu()
+    gain = layer.norm_gain.double().cpu()
 
     def affine(proj) -> tuple[torch.Tensor, torch.Tensor]:
         """weight `[out, hidden]`, bias `[out]` of a frozen (possibly int8) linear map, read by probing."""
@@ -358,17 +357,17 @@ def least_squares_init(
         return (out[1:] - out[0]).T, out[0]
 
     systems, rhs = [], []
-    weight, bias = affine(attn.v_proj)
+    weight, bias = affine(layer.v_proj)
     target = targets.values[0].double().permute(1, 0, 2).reshape(targets.k, -1)  # [k, kv_heads * D]
     systems.append(weight * gain / targets.value_scale[0].double().sqrt())
     rhs.append((target - bias) / targets.value_scale[0].double().sqrt())
-    if targets.keys is not None and not hasattr(attn, "k_norm"):
+    if targets.keys is not None and not layer.key_norm:
         key_target = targets.keys[0].double()
         if targets.spec.keys == "post-rope":
             if positions is None:
                 raise VkvError("least-squares init with post-RoPE key targets needs the virtual positions")
             key_target = lm.rotate(key_target.float(), positions, inverse=True).double()
-        weight, bias = affine(attn.k_proj)
+        weight, bias = affine(layer.k_proj)
         systems.append(weight * gain / targets.key_scale[0].double().sqrt())
         rhs.append((key_target.permute(1, 0, 2).reshape(targets.k, -1) - bias) / targets.key_scale[0].double().sqrt())
     system, rhs_all = torch.cat(systems), torch.cat(rhs, dim=1)  # [m, hidden], [k, m]

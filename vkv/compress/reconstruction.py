@@ -32,7 +32,7 @@ class ReconstructionPass:
         first = end + len(request)
         cache = lm.new_cache()
         with torch.no_grad(), projection_hooks(lm, first, len(sequence), queries=True) as store:
-            lm.model.model(input_ids=torch.tensor([sequence], device=lm.device), past_key_values=cache, use_cache=True)
+            lm.decoder(torch.tensor([sequence]), cache)
         queries = torch.stack(store["queries_pre_rope"])
         return cls(start, end, queries, torch.arange(first, len(sequence)).float(), [x.keys[0] for x in cache.layers])
 

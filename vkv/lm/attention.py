@@ -44,7 +44,7 @@ def attention_to_span(lm: FrozenLM, ids: list[int], key_range: tuple[int, int], 
         raise VkvError(f"attention from tokens [{qs}, {qe}) to [{ks}, {ke}) is not a valid causal range")
     cache = lm.new_cache()
     with torch.no_grad(), query_hooks(lm, qs, qe) as queries:
-        lm.model.model(input_ids=torch.tensor([ids[:qe]], device=lm.device), past_key_values=cache, use_cache=True)
+        lm.decoder(torch.tensor([ids[:qe]]), cache)
     keys = [layer.keys[0] for layer in cache.layers]
     return attention_weights(lm, queries, torch.arange(qs, qe), keys, torch.arange(qe))[:, :, ks:ke]
 

@@ -7,6 +7,7 @@ lives in this package, so the rest of vkv talks to one small surface.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +25,15 @@ from vkv.lm.kernel import (
 from vkv.lm.spec import fingerprint, spec_from_config
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
+
+
+@dataclass(frozen=True)
+class FirstLayer:
+    norm_gain: torch.Tensor  # [hidden]
+    norm_eps: float
+    v_proj: torch.nn.Module
+    k_proj: torch.nn.Module
+    key_norm: bool  # a norm after k_proj (Qwen3): pre-RoPE keys are not affine in the input then
 
 
 class FrozenLM:
@@ -62,6 +72,18 @@ class FrozenLM:
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Token ids `[..., n]` → input embeddings `[..., n, hidden]`."""
         return self.model.get_input_embeddings()(ids.to(self.device))
+
+    def first_layer(self) -> FirstLayer:
+        """What layer 0 computes before any attention: its input norm's gain and epsilon, and its V and K
+        projections (the least-squares init inverts them)."""
+        layer = self.model.model.layers[0]
+        norm, attn = layer.input_layernorm, layer.self_attn
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+        return FirstLayer(norm.weight.detach(), float(eps), attn.v_proj, attn.k_proj, hasattr(attn, "k_norm"))
+
+    def decoder(self, ids: torch.Tensor, cache) -> None:
+        """The decoder layers only (no LM head) over token ids `[1, n]`, filling `cache`."""
+        self.model.model(input_ids=ids.to(self.device), past_key_values=cache, use_cache=True)
 
     def attention_modules(self) -> list[torch.nn.Module]:
         """One self-attention module per layer, in order (each has k_proj and v_proj)."""

@@ -107,8 +107,8 @@ def reference_losses(
         attention_mask=lm.causal_mask(length, n),
         use_cache=True,
     )
-    keys = [layer.keys[:, :, length:] for layer in cache.layers]
-    values = [layer.values[:, :, length:] for layer in cache.layers]
+    new = KVPrefix.from_cache(cache).slice(length)
+    keys, values = new.keys, new.values
     if not targets.spec.rope_keys:
         keys = [lm.rotate(k, positions, inverse=True) for k in keys]
     return layer_losses(keys, values, targets, loss)
