@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.errors import VkvError
+from vkv.registry import registrar
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,7 @@ def block_mass(surprisal: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
 
 WeightRule = Callable[..., torch.Tensor]
 POOLING_RULES: dict[str, WeightRule] = {}
-
-
-def rule(name: str):
-    def register(fn: WeightRule) -> WeightRule:
-        POOLING_RULES[name] = fn
-        return fn
-
-    return register
+rule = registrar(POOLING_RULES)
 
 
 @rule("uniform")

@@ -11,17 +11,11 @@ from collections.abc import Callable
 import torch
 
 from vkv.errors import VkvError
+from vkv.registry import registrar
 
 PositionScheme = Callable[..., torch.Tensor]  # (start, end, k, centres=None) -> [k]
 POSITION_SCHEMES: dict[str, PositionScheme] = {}
-
-
-def scheme(name: str):
-    def register(fn: PositionScheme) -> PositionScheme:
-        POSITION_SCHEMES[name] = fn
-        return fn
-
-    return register
+scheme = registrar(POSITION_SCHEMES)
 
 
 @scheme("interpolate")
