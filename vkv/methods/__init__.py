@@ -16,7 +16,7 @@ from vkv.methods.sequential import Sequential
 from vkv.methods.snapkv import SnapKV
 from vkv.methods.streaming import Streaming
 from vkv.methods.truncate import Truncate
-from vkv.methods.virtual import MeanPool, VirtualTokens
+from vkv.methods.vkv import MeanPool, VirtualTokens
 
 METHODS: dict[str, type[Method]] = {
     cls.name: cls
