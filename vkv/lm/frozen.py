@@ -248,8 +248,13 @@ class FrozenLM:
         def hook_for(layer: int):
             def add_bias(_module, args, kwargs):
                 mask, b = kwargs.get("attention_mask"), per_layer[layer]
-                if mask is None or mask.dim() != 4:
-                    raise RuntimeError("entry biases need an explicit 4-d attention mask (pass one to the model)")
+                if mask is None:  # transformers left causality to the kernel (no padding): spell it out
+                    new = kwargs["hidden_states"].shape[1]
+                    cache = kwargs.get("past_key_values")
+                    past = cache.get_seq_length(layer) if cache is not None else 0
+                    mask = self.causal_mask(past, new)
+                if mask.dim() != 4:
+                    raise RuntimeError(f"entry biases need a 4-d attention mask, got shape {tuple(mask.shape)}")
                 if mask.dtype == torch.bool:  # True = may attend
                     mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
                         ~mask, torch.finfo(self.dtype).min
@@ -268,6 +273,26 @@ class FrozenLM:
         finally:
             for h in handles:
                 h.remove()
+
+    @contextmanager
+    def position_offset(self, offset: int):
+        """Within the block, the model's own forward places tokens `offset` positions later on the RoPE axis than
+        their index in the cache: a compressed cache holds fewer entries than the positions it covers, so new
+        tokens continue at its logical position, not its physical length. No-op for 0."""
+        if not offset:
+            yield
+            return
+
+        def shift(_module, args, kwargs):
+            if "position_ids" in kwargs:
+                return args, {**kwargs, "position_ids": kwargs["position_ids"] + offset}
+            return (args[0], args[1] + offset, *args[2:]), kwargs
+
+        handle = self.model.model.rotary_emb.register_forward_pre_hook(shift, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def weight_copies(self) -> list[torch.Tensor]:
         """The low-precision weight copies `compute_weights` holds right now (to count their memory)."""
