@@ -4,6 +4,7 @@
     session.append({"role": "user", "content": "..."})        # kept verbatim
     session.compress(turns=(1, 11), ratio=2.0)                # messages 1..10, one segment each
     session.ask("Which library hashes passwords?")            # answered from the running cache
+    session.generate("Which library?", do_sample=True)        # or by transformers' generate()
     session.save("s.safetensors"); Session.load("s.safetensors", lm)
 
 The session holds one segment per message (verbatim or compressed) and the token ids of the rendering; no
@@ -123,6 +124,19 @@ class Session:
         prompt, _ = followup(tokenizer, self.rendered(), self.transcript(), question, answer_prefix, self.format)
         answer = Context(self.lm, self.cache).greedy(prompt, max_new_tokens)
         return tokenizer.decode(answer, skip_special_tokens=True)
+
+    def generate(self, question: str, answer_prefix: str = "", **generate_kwargs: Any) -> str:
+        """An answer from transformers' `generate()` continuing the compressed conversation (sampling, beams,
+        streamers: any of its keyword arguments); the session is not changed."""
+        from vkv.kv.generate import generate
+
+        if not self.turns:
+            raise VkvError("the session is empty; append messages before asking")
+        prompt, _ = followup(
+            self.lm.tokenizer, self.rendered(), self.transcript(), question, answer_prefix, self.format
+        )
+        answer = generate(self.lm, self.cache, prompt, **generate_kwargs)[0]
+        return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
     def transcript(self) -> Transcript:
         return Transcript("session", tuple(self.messages), ())
