@@ -139,7 +139,7 @@ def test_sequential_method_splices_one_segment_per_message(evaluation):
 def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tmp_path):
     parser = argparse.ArgumentParser()
     add_multiturn_args(parser)
-    args = parser.parse_args(["--sequential", "--targets", "online", "--hybrid", "--keep-by", "surprisal"])
+    args = parser.parse_args(["--sequential", "--target-source", "online", "--hybrid", "--keep-by", "surprisal"])
     assert method_options(args)["hybrid"].keep_by == "surprisal"
     spliced = compress_multiturn(tiny_llama, transcript, (1, 5), FAST, args)
     rendered = render(transcript, tiny_llama.tokenizer)

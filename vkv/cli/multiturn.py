@@ -1,7 +1,7 @@
 """Command-line glue for multi-turn compression: arguments, their settings, and a transcript compressed turn
 by turn (or as one hybrid / auto-ratio unit) into a cache file's SplicedCache.
 
-    vkv compress T --out C --sequential [--targets oracle|online] [--hybrid [0.15] --keep-by v-uniqueness]
+    vkv compress T --out C --sequential [--target-source oracle|online] [--hybrid [0.15] --keep-by v-uniqueness]
                                        [--auto-ratio --max-loss X [--ladder 1.5,2,3,4,6,8]]
 """
 
@@ -35,7 +35,8 @@ def add_multiturn_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("multi-turn")
     g.add_argument("--sequential", action="store_true", help="compress each message of the span on its own, in order")
     g.add_argument(
-        "--targets",
+        "--target-source",
+        dest="targets",
         default="oracle",
         choices=TARGET_MODES,
         help="oracle: V from the full uncompressed history; online: V on top of the compressed cache",

@@ -52,7 +52,9 @@ class MultiTurnConfig:
 
     def validate(self) -> MultiTurnConfig:
         if self.targets not in TARGET_MODES:
-            raise VkvError(f"unknown --targets '{self.targets}'; choose one of {', '.join(TARGET_MODES)}")
+            raise VkvError(
+                f"unknown target source (--target-source) '{self.targets}'; choose one of {', '.join(TARGET_MODES)}"
+            )
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
         if target_kind(self.compress.target).read_out:  # online targets would need queries from the compressed history
