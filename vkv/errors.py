@@ -3,7 +3,3 @@
 
 class VkvError(Exception):
     """Bad input or an unmet precondition, described in one sentence naming the file and field."""
-
-
-class NotImplementedInVkv(VkvError):
-    """A feature that exists as an option but is not built yet; never silently approximated."""
