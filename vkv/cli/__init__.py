@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vkv.cli import ask, compress, inspect, models, prune, render, sweep, tools, validate
+from vkv.cli import ask, chat, compress, inspect, models, prune, render, sweep, tools, validate
 from vkv.cli import eval as eval_command
 from vkv.cli.common import errors
 from vkv.cli.compress import compress_config_from_args
 from vkv.errors import VkvError
 
-COMMAND_MODULES = (models, tools, render, compress, inspect, ask, eval_command, validate, sweep, prune)
+COMMAND_MODULES = (models, tools, render, compress, inspect, ask, chat, eval_command, validate, sweep, prune)
 MODEL_OPTIONAL = ("ask", "validate")  # these default --model to what the cache or transcripts record
 
 

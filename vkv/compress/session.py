@@ -138,6 +138,12 @@ class Session:
         answer = generate(self.lm, self.cache, prompt, **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
+    def reply(self, question: str, **generate_kwargs: Any) -> str:
+        """Answer a user message with `generate()` and append both to the session (kept verbatim)."""
+        answer = self.generate(question, **generate_kwargs).strip()
+        self.extend([{"role": "user", "content": question}, {"role": "assistant", "content": answer or "…"}])
+        return answer
+
     def transcript(self) -> Transcript:
         return Transcript("session", tuple(self.messages), ())
 

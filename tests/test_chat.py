@@ -1,0 +1,52 @@
+"""`vkv chat` from a pipe: answers only, each exchange appended, /save writes a session that chat continues."""
+
+import io
+
+import pytest
+
+from tests.conftest import FIXTURES
+from vkv.cli import main
+from vkv.compress.session import Session
+
+
+def _chat(monkeypatch, capsys, lines, *args):
+    monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    code = main(
+        ["chat", *map(str, args), "--model", "smollm2-135m", "--quant", "fp32", "--max-new-tokens", "8", "--steps", "2"]
+    )
+    captured = capsys.readouterr()
+    return code, captured.out.splitlines(), captured.err
+
+
+@pytest.mark.integration
+def test_chat_from_a_pipe_answers_saves_and_resumes(smol, monkeypatch, capsys, tmp_path):
+    saved = tmp_path / "chat.safetensors"
+    code, out, _ = _chat(
+        monkeypatch,
+        capsys,
+        ["Which library hashes passwords?", f"/save {saved}"],
+        FIXTURES / "mini-agent.json",
+        "--compress-every",
+        "2",
+    )
+    assert code == 0 and len(out) == 2 and out[0].strip() and out[1] == f"saved {saved}"
+    session = Session.load(saved, smol)
+    assert [m.role for m in session.messages[-2:]] == ["user", "assistant"]  # the exchange was appended
+    assert any(s.kind == "virtual" for s in session.cache.segments)  # and compressed after 2 messages
+    code, out, _ = _chat(monkeypatch, capsys, ["Which test runner is used?"], saved)
+    assert code == 0 and len(out) == 1 and out[0].strip()
+
+
+@pytest.mark.integration
+def test_chat_refuses_a_compressed_transcript_that_is_not_a_session(smol, tmp_path, monkeypatch, capsys):
+    from vkv.compress.config import CompressConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.compress.single import compress_transcript
+    from vkv.kv.file import save_cache
+    from vkv.text.transcript import load_transcript
+
+    transcript = load_transcript(FIXTURES / "mini-agent.json")
+    spliced = compress_transcript(smol, transcript, (1, 3), CompressConfig(optim=OptimConfig(steps=1)))
+    save_cache(spliced, tmp_path / "c.safetensors")
+    code, _, err = _chat(monkeypatch, capsys, ["hi"], tmp_path / "c.safetensors")
+    assert code == 2 and "not a session" in err.replace("\n", " ")

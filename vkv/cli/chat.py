@@ -1,0 +1,95 @@
+"""`vkv chat`: continue a saved session (or start one from a transcript) interactively or from a pipe.
+
+Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
+compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session.
+From a pipe (`echo question | vkv chat ...`) every line is a question and only the answers are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vkv.cli.common import add_model_args, console, load_from_args
+from vkv.errors import VkvError
+
+COMMANDS = "/save FILE writes the session, /quit ends the chat"
+
+
+def open_session(source: str, lm, recipe):
+    """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
+    a transcript's messages verbatim and compressing with `recipe`."""
+    from vkv.compress.sequential import MultiTurnConfig
+    from vkv.compress.session import Session, message_dict
+    from vkv.kv.file import read_header
+    from vkv.text.transcript import load_transcript
+
+    path = Path(source)
+    if path.suffix == ".json":
+        session = Session(lm, MultiTurnConfig(compress=recipe, targets="online"))
+        session.extend([message_dict(m) for m in load_transcript(path).messages])
+        return session
+    if "session" not in read_header(path):
+        raise VkvError(
+            f"{path}: a compressed transcript, not a session (vkv chat needs one cache segment per message); start "
+            "from the transcript itself (vkv chat T.json --compress-every N) or from a file saved by /save"
+        )
+    return Session.load(path, lm)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from transformers import TextStreamer
+
+    from vkv.cli.compress import compress_config_from_args
+
+    lm = load_from_args(args)
+    session = open_session(args.source, lm, compress_config_from_args(args))
+    interactive = sys.stdin.isatty()
+    sampling = {"do_sample": args.temperature > 0, "max_new_tokens": args.max_new_tokens}
+    if args.temperature > 0:
+        sampling["temperature"] = args.temperature
+    if interactive:
+        console.print(f"{len(session.messages)} messages, {session.entries} cache entries; {COMMANDS}")
+    uncompressed = 0
+    while True:
+        line = console.input("[bold]you>[/] ") if interactive else sys.stdin.readline()
+        if not line:  # end of input
+            break
+        question = line.strip()
+        if not question:
+            continue
+        if question in ("/quit", "/exit"):
+            break
+        if question.startswith("/save"):
+            target = question[len("/save") :].strip()
+            if not target:
+                console.print("usage: /save FILE")
+                continue
+            session.save(target)
+            console.print(f"saved {target}")
+            continue
+        streamer = TextStreamer(lm.tokenizer, skip_prompt=True, skip_special_tokens=True) if interactive else None
+        answer = session.reply(question, streamer=streamer, **sampling)
+        if not interactive:
+            print(answer, flush=True)
+        uncompressed += 2
+        if args.compress_every and uncompressed >= args.compress_every:
+            session.compress()
+            uncompressed = 0
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="continue a saved session (or a transcript) interactively or from a pipe")
+    p.set_defaults(run=cmd_chat)
+    p.add_argument("source", help="a session file (.safetensors, from /save or Session.save) or a transcript (.json)")
+    add_model_args(p)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument(
+        "--compress-every", type=int, default=0, help="compress the verbatim messages once this many have accumulated"
+    )
+    from vkv.cli.compress import add_compress_args
+
+    add_compress_args(p)  # the recipe of a new session's --compress-every (a saved session keeps its own)
