@@ -38,7 +38,7 @@ def test_chat_from_a_pipe_answers_saves_and_resumes(smol, monkeypatch, capsys, t
 
 
 @pytest.mark.integration
-def test_chat_refuses_a_compressed_transcript_that_is_not_a_session(smol, tmp_path, monkeypatch, capsys):
+def test_chat_continues_a_compressed_transcripts_cache(smol, tmp_path, monkeypatch, capsys):
     from vkv.compress.config import CompressConfig
     from vkv.compress.optimise import OptimConfig
     from vkv.compress.single import compress_transcript
@@ -48,5 +48,9 @@ def test_chat_refuses_a_compressed_transcript_that_is_not_a_session(smol, tmp_pa
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     spliced = compress_transcript(smol, transcript, (1, 3), CompressConfig(optim=OptimConfig(steps=1)))
     save_cache(spliced, tmp_path / "c.safetensors")
-    code, _, err = _chat(monkeypatch, capsys, ["hi"], tmp_path / "c.safetensors")
-    assert code == 2 and "not a session" in err.replace("\n", " ")
+    code, out, _ = _chat(
+        monkeypatch, capsys, ["Which library hashes passwords?", "And the test runner?"], tmp_path / "c.safetensors"
+    )
+    assert code == 0 and len(out) == 2 and all(line.strip() for line in out)
+    code, _, err = _chat(monkeypatch, capsys, ["hi"], tmp_path / "c.safetensors", "--compress-every", "2")
+    assert code == 2 and "--compress-every needs a cache with one segment per message" in err.replace("\n", " ")

@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import argparse
 
-from vkv.cli.common import add_model_args, console, load_from_args, write_json
-from vkv.errors import VkvError
+from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript, write_json
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from vkv.kv.context import Context
     from vkv.kv.file import load_cache, read_header
-    from vkv.text.transcript import followup, load_transcript, render
+    from vkv.text.transcript import followup, render
 
     header = read_header(args.cache)
     if args.model is None:
         args.model = header.get("model")
     lm = load_from_args(args)
     spliced = load_cache(args.cache, lm)
-    transcript_path = args.transcript or header.get("transcript", {}).get("path")
-    if not transcript_path:
-        raise VkvError(f"{args.cache}: no transcript path recorded; pass --transcript")
-    transcript = load_transcript(transcript_path)
-    recorded = header.get("transcript", {})
-    if recorded.get("sha256") not in (None, transcript.sha256):
-        raise VkvError(f"{transcript_path}: field sha256: this transcript is not the one the cache was built from")
-    if recorded.get("window"):
-        from vkv.text.windows import window_transcript
-
-        transcript = window_transcript(transcript, *recorded["window"])
+    transcript = recorded_transcript(args.cache, header, args.transcript)
     rendered = render(transcript, lm.tokenizer)
     prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
     answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)

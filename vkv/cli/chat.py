@@ -1,4 +1,5 @@
-"""`vkv chat`: continue a saved session (or start one from a transcript) interactively or from a pipe.
+"""`vkv chat`: continue a saved session, a compressed transcript's cache, or a transcript, interactively or from
+a pipe.
 
 Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
 compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session.
@@ -11,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vkv.cli.common import add_model_args, console, load_from_args
+from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
 from vkv.errors import VkvError
 
 COMMANDS = "/save FILE writes the session, /quit ends the chat"
@@ -22,7 +23,7 @@ def open_session(source: str, lm, recipe):
     a transcript's messages verbatim and compressing with `recipe`."""
     from vkv.compress.sequential import MultiTurnConfig
     from vkv.compress.session import Session, message_dict
-    from vkv.kv.file import read_header
+    from vkv.kv.file import load_cache, read_header
     from vkv.text.transcript import load_transcript
 
     path = Path(source)
@@ -30,12 +31,10 @@ def open_session(source: str, lm, recipe):
         session = Session(lm, MultiTurnConfig(compress=recipe, targets="online"))
         session.extend([message_dict(m) for m in load_transcript(path).messages])
         return session
-    if "session" not in read_header(path):
-        raise VkvError(
-            f"{path}: a compressed transcript, not a session (vkv chat needs one cache segment per message); start "
-            "from the transcript itself (vkv chat T.json --compress-every N) or from a file saved by /save"
-        )
-    return Session.load(path, lm)
+    header = read_header(path)
+    if "session" in header:
+        return Session.load(path, lm)
+    return Session.continuing(lm, recorded_transcript(path, header), load_cache(path, lm))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -45,6 +44,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     lm = load_from_args(args)
     session = open_session(args.source, lm, compress_config_from_args(args))
+    if args.compress_every and not session.per_message:
+        raise VkvError(
+            f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
+            "this is a compressed transcript's cache"
+        )
     interactive = sys.stdin.isatty()
     sampling = {"do_sample": args.temperature > 0, "max_new_tokens": args.max_new_tokens}
     if args.temperature > 0:
@@ -61,6 +65,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         if question in ("/quit", "/exit"):
             break
+        if question.startswith("/save") and not session.per_message:
+            console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
+            continue
         if question.startswith("/save"):
             target = question[len("/save") :].strip()
             if not target:

@@ -15,6 +15,22 @@ console = Console() if sys.stdout.isatty() else Console(width=160)
 errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)  # keeps stdout parseable
 
 
+def recorded_transcript(cache_path, header: dict, override: str | None = None):
+    """The transcript a cache file was built from (its recorded path, or `override`), checked against the recorded
+    hash and cut to the recorded window."""
+    from vkv.text.transcript import load_transcript
+    from vkv.text.windows import window_transcript
+
+    recorded = header.get("transcript", {})
+    path = override or recorded.get("path")
+    if not path:
+        raise VkvError(f"{cache_path}: no transcript path recorded; pass --transcript")
+    transcript = load_transcript(path)
+    if recorded.get("sha256") not in (None, transcript.sha256):
+        raise VkvError(f"{path}: field sha256: this transcript is not the one the cache was built from")
+    return window_transcript(transcript, *recorded["window"]) if recorded.get("window") else transcript
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from vkv.lm.load import DEFAULT_MODEL, QUANTS
 

@@ -82,10 +82,39 @@ class Session:
             ids = new_ids
         return turns, ids, text
 
+    @classmethod
+    def continuing(cls, model: FrozenLM, transcript: Transcript, cache: SplicedCache) -> Session:
+        """A session continuing the cache `vkv compress` made of `transcript`. Its cache is not one segment per
+        message, so it grows and answers but neither compresses again nor saves as a session."""
+        session = cls(model)
+        messages = list(transcript.messages)
+        session.turns, session.ids, session.text = session._rendering_with(messages)
+        session.messages = messages
+        if cache.next_position != len(session.ids):
+            raise VkvError(
+                f"field next_position: the cache continues at token {cache.next_position}, but the transcript "
+                f"renders to {len(session.ids)} tokens"
+            )
+        session.cache = SplicedCache(cache.segments, cache.next_position)
+        return session
+
+    @property
+    def per_message(self) -> bool:
+        """Whether the cache holds one segment per message (what compress() and save() need)."""
+        return len(self.cache.segments) == len(self.turns)
+
+    def _require_per_message(self, what: str) -> None:
+        if not self.per_message:
+            raise VkvError(
+                f"this session continues a compressed transcript's cache, not one segment per message, so it cannot "
+                f"{what}; start from the transcript instead"
+            )
+
     # ---- compressing ----------------------------------------------------------------------------------
     def compress(self, turns: tuple[int, int] | None = None, ratio: float | None = None) -> list[Segment]:
         """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
         compressed one, the leading system message excepted) at `ratio` (default: the config's)."""
+        self._require_per_message("compress again")
         first, last = self._range(turns)
         config = self.config
         if ratio is not None:
@@ -165,6 +194,7 @@ class Session:
 
     # ---- files ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
+        self._require_per_message("be saved as a session")
         meta = cache_metadata(
             self.lm,
             session={
