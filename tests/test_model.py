@@ -62,3 +62,14 @@ def test_doctor_on_test_model(quant, smol, smol8):
 
         assert isinstance(lm.attention_modules()[0].v_proj, bnb.nn.Linear8bitLt)
     assert smol.fingerprint == smol8.fingerprint
+
+
+def test_hub_ids_with_dots_are_hub_ids_and_paths_are_not():
+    from vkv.errors import VkvError
+    from vkv.lm.load import resolve_model_path
+
+    assert resolve_model_path("Qwen/Qwen2.5-Coder-7B-Instruct") == ("Qwen/Qwen2.5-Coder-7B-Instruct", False)
+    assert resolve_model_path("gpt2") == ("gpt2", False)
+    for bad in ("./missing-dir", "/no/such/model", "~/x", "a/b/c", "cache.safetensors/"):
+        with pytest.raises(VkvError, match="unknown model"):
+            resolve_model_path(bad)

@@ -13,7 +13,7 @@ from vkv.cli.compress import compress_config_from_args
 from vkv.errors import VkvError
 
 COMMAND_MODULES = (models, tools, render, compress, inspect, ask, chat, eval_command, validate, sweep, prune)
-MODEL_OPTIONAL = ("ask", "validate")  # these default --model to what the cache or transcripts record
+MODEL_OPTIONAL = ("ask", "chat", "validate")  # these default --model to what the cache or transcripts record
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -42,6 +42,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     from vkv.cli.compress import compress_config_from_args
 
+    if args.model is None:  # a cache file names its model; a transcript gets the default one
+        from vkv.kv.file import read_header
+        from vkv.lm.load import DEFAULT_MODEL
+
+        args.model = read_header(args.source).get("model") if Path(args.source).suffix != ".json" else DEFAULT_MODEL
     lm = load_from_args(args)
     session = open_session(args.source, lm, compress_config_from_args(args))
     if args.compress_every and not session.per_message:
@@ -92,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_chat)
     p.add_argument("source", help="a session file (.safetensors, from /save or Session.save) or a transcript (.json)")
     add_model_args(p)
+    p.set_defaults(model=None)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument(

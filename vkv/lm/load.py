@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,9 @@ def resolve_quant(quant: str, device: torch.device) -> str:
     return quant
 
 
+HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # [owner/]name, as the Hugging Face hub spells them
+
+
 def resolve_model_path(name: str) -> tuple[str, bool]:
     """Map an alias, a directory or a hub id to what from_pretrained takes; second item: is it local."""
     from vkv.lm import zoo
@@ -63,7 +67,7 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
         if not (path / "config.json").is_file():
             raise VkvError(f"model directory {path} has no config.json")
         return str(path), True
-    if path.suffix or name.startswith((".", "/", "~")):
+    if not HUB_ID.fullmatch(name):  # dots are allowed: Qwen/Qwen2.5-Coder-7B-Instruct
         raise VkvError(f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a hub id")
     return name, False
 
