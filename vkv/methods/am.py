@@ -25,7 +25,8 @@ class AttentionMatching(Method):
 
     name = "am"
     selection: str = "attention"  # or "omp"
-    bias: str = "fit"  # or "shared" (log(n / t) for every entry) or "none"
+    bias: str = "shared"  # log(n / t) for every entry; "fit": NNLS on the reference queries' masses; or "none".
+    # Chosen on the dev split (evals/RESULTS.md, issue 18): shared beat fit by +0.075 [+0.043, +0.106] retention at 3.2×
     values: str = "refit"  # or "keep" (the kept entries' own values)
     queries: str = "span"  # or "reconstruction" or "both"
     num_queries: int = ATTENTION_QUERIES  # per query head and source
