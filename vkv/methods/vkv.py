@@ -45,6 +45,7 @@ class MeanPool(VirtualTokens):
     """The virtual tokens' pooled initial embeddings, not optimised: what optimisation adds over pooling."""
 
     name = "meanpool"
+    reports_steps = False  # it takes no optimisation step, so no progress bar counts them
 
     def settings(self, ratio: float) -> CompressConfig:
         config = super().settings(ratio)
