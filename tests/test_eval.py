@@ -277,7 +277,7 @@ def test_eviction_per_turn_keeps_each_turns_share_from_its_own_view(evaluation, 
 
 
 def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evaluation):
-    from vkv.compress.sequential import message_turns, view_on_cache
+    from vkv.compress.sequential import message_turns
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
     from vkv.lm.attention import attention_to_span
@@ -287,18 +287,7 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
     history = SplicedCache()
     history.append(verbatim_segment(work.kv.slice(0, turn.start), 0))
-    view = view_on_cache(work.lm, history, work.ids, turn, queries=True)
-    turn_work = TurnWork(
-        work.lm,
-        work.ids,
-        turn.start,
-        turn.end,
-        view.kv,
-        view.acts,
-        work.message_starts,
-        kv_start=turn.start,
-        history=history,
-    )
+    turn_work = TurnWork.on_cache(work, history, turn)
     keys, queries = (turn.start, turn.end - 3), (turn.end - 3, turn.end)
     expected = attention_to_span(work.lm, work.ids[: turn.end], keys, queries)
     assert torch.allclose(turn_work.attention_between(keys, queries), expected, atol=1e-5)

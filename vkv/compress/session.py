@@ -147,24 +147,22 @@ class Session:
     # ---- using the context ---------------------------------------------------------------------------
     def ask(self, question: str, answer_prefix: str = "", max_new_tokens: int = 64) -> str:
         """Greedy answer to a user question continuing the conversation (the session is not changed)."""
+        answer = Context(self.lm, self.cache).greedy(self._prompt(question, answer_prefix), max_new_tokens)
+        return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
+
+    def _prompt(self, question: str, answer_prefix: str) -> list[int]:
+        """The ids that continue the conversation with a user question and the assistant's answer prefix."""
         if not self.turns:
             raise VkvError("the session is empty; append messages before asking")
-        tokenizer = self.lm.tokenizer
-        prompt, _ = followup(tokenizer, self.rendered(), self.transcript(), question, answer_prefix, self.format)
-        answer = Context(self.lm, self.cache).greedy(prompt, max_new_tokens)
-        return tokenizer.decode(answer, skip_special_tokens=True)
+        rendered, transcript = self.rendered(), self.transcript()
+        return followup(self.lm.tokenizer, rendered, transcript, question, answer_prefix, self.format)[0]
 
     def generate(self, question: str, answer_prefix: str = "", **generate_kwargs: Any) -> str:
         """An answer from transformers' `generate()` continuing the compressed conversation (sampling, beams,
         streamers: any of its keyword arguments); the session is not changed."""
         from vkv.kv.generate import generate
 
-        if not self.turns:
-            raise VkvError("the session is empty; append messages before asking")
-        prompt, _ = followup(
-            self.lm.tokenizer, self.rendered(), self.transcript(), question, answer_prefix, self.format
-        )
-        answer = generate(self.lm, self.cache, prompt, **generate_kwargs)[0]
+        answer = generate(self.lm, self.cache, self._prompt(question, answer_prefix), **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
     def reply(self, question: str, **generate_kwargs: Any) -> str:

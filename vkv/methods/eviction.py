@@ -56,7 +56,7 @@ class EvictionMethod(Method):
         return segment
 
     def compress_per_turn(self, work: SpanWork, ratio: float) -> SegmentGroup:
-        from vkv.compress.sequential import allocate, message_turns, turn_stats, view_on_cache
+        from vkv.compress.sequential import allocate, message_turns, turn_stats
 
         cache = SplicedCache()
         if work.start > 0:
@@ -64,20 +64,7 @@ class EvictionMethod(Method):
         turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
         segments = []
         for turn, budget in zip(turns, allocate([t.length for t in turns], ratio)):
-            view = view_on_cache(work.lm, cache, work.ids, turn, queries=True)
-            turn_work = TurnWork(
-                work.lm,
-                work.ids,
-                turn.start,
-                turn.end,
-                view.kv,
-                view.acts,
-                work.message_starts,
-                work.seed,
-                message_roles=work.message_roles,
-                kv_start=turn.start,
-                history=cache,
-            )
+            turn_work = TurnWork.on_cache(work, cache, turn)
             segment = self.keep(turn_work, self.select(turn_work, budget))
             segment.stats = turn_stats(turn)
             cache.append(segment)
@@ -88,6 +75,26 @@ class EvictionMethod(Method):
 class TurnWork(SpanWork):
     """One message's tokens as the model computed them on top of a running compressed cache (`history`): kv holds
     the message's own entries only, and attention is computed over the history's entries plus the message's."""
+
+    @classmethod
+    def on_cache(cls, work: SpanWork, history: SplicedCache, turn) -> TurnWork:
+        """The turn's tokens fed on top of `history` (which must end where the turn starts), queries kept."""
+        from vkv.compress.sequential import view_on_cache
+
+        view = view_on_cache(work.lm, history, work.ids, turn, queries=True)
+        return cls(
+            work.lm,
+            work.ids,
+            turn.start,
+            turn.end,
+            view.kv,
+            view.acts,
+            work.message_starts,
+            work.seed,
+            message_roles=work.message_roles,
+            kv_start=turn.start,
+            history=history,
+        )
 
     def __init__(self, *args, history: SplicedCache, **kwargs):
         super().__init__(*args, **kwargs)
