@@ -69,7 +69,7 @@ def evaluation(tiny_llama):
 
 @pytest.mark.parametrize(
     "name, options",
-    [("am", {}), ("am", {"selection": "omp", "queries": "both"}), ("kvzip", {}), ("kvzip", {"granularity": "token"})],
+    [("am", {}), ("am", {"selection": "omp", "queries": "both"}), ("kvzip", {}), ("kvzip", {"head_budget": "shared"})],
 )
 def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, options):
     work = evaluation.work

@@ -52,6 +52,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"--per-turn: method '{name}' has no per-turn mode (methods with one: {per_turn}; vkv's "
                 "is the method sequential)"
             )
+    options = method_option_values(args, [METHODS[name] for name in methods])
     ratios = parse_list(args.ratio, float, "ratio")
     compress_config = compress_config_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
@@ -70,6 +71,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 checkpoint=args.checkpoint,
                 **method_options(args),
                 **({"per_turn": True} if args.per_turn else {}),
+                **options,
             )
             for ratio in ratios if method.uses_ratio else [None]:
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
@@ -82,6 +84,37 @@ def cmd_eval(args: argparse.Namespace) -> int:
         write_json(args.json, results) if args.json else None
     _print_eval(results, aggregate(results))
     return 0
+
+
+def method_option_values(args: argparse.Namespace, classes: list) -> dict:
+    """--head-budget, --mass and every --option KEY=VALUE, typed like the methods' dataclass fields; each is given
+    to the methods that have that option (a key that none of them has is an error)."""
+    import dataclasses
+
+    pairs = [("head_budget", args.head_budget), ("mass", args.mass)]
+    for text in args.option or []:
+        key, sep, value = text.partition("=")
+        if not sep:
+            raise VkvError(f"--option {text!r}: expected KEY=VALUE, e.g. --option selection=omp")
+        pairs.append((key.strip().replace("-", "_"), value.strip()))
+    values = {}
+    for key, value in pairs:
+        if value is None:
+            continue
+        owners = [f for cls in classes for f in dataclasses.fields(cls) if f.name == key and f.init]
+        if not owners:
+            raise VkvError(f"--option {key}: none of the methods {', '.join(c.name for c in classes)} has it")
+        default = owners[0].default
+        try:
+            if isinstance(default, bool):
+                if value.lower() not in ("true", "false"):
+                    raise ValueError(value)
+                values[key] = value.lower() == "true"
+            else:
+                values[key] = type(default)(value) if default is not None else value
+        except ValueError:
+            raise VkvError(f"--option {key}={value}: expected a {type(default).__name__}") from None
+    return values
 
 
 def _print_eval(results: list[dict], rows: list[dict]) -> None:
@@ -163,8 +196,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--per-turn",
         action="store_true",
-        help="eviction and text methods compress each message when it ends, on top of the running "
+        help="eviction, text, am and kvzip methods compress each message when it ends, on top of the running "
         "compressed cache (the setting of method sequential)",
+    )
+    p.add_argument(
+        "--head-budget",
+        choices=("shared", "uniform", "adaptive"),
+        help="scoring methods (knorm, snapkv, kvzip, am): the same tokens in every KV head, each head its own "
+        "budget, or AdaKV's adaptive split",
+    )
+    p.add_argument(
+        "--mass", choices=("none", "nearest"), help="eviction methods: bias each kept entry by the tokens it stands for"
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="any method option (a field of its dataclass, as in sweep files), for every method that has it; "
+        "repeatable, e.g. --option selection=omp --option bias=fit",
     )
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     add_arguments(p.add_argument_group("scoring"), EvalSettings)

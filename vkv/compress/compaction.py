@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.head_budget import MASKED, per_head_index
+
 SELECTIONS = ("attention", "omp")
 BIASES = ("fit", "shared", "none")
 VALUES = ("refit", "keep")
@@ -53,8 +55,9 @@ class Compaction:
     """t entries per (layer, KV head) row standing for the span."""
 
     index: torch.Tensor  # [R, t] kept span-relative entries, ascending
-    bias: torch.Tensor  # [R, t] β added to the entries' logits
+    bias: torch.Tensor  # [R, t] β added to the entries' logits (−inf: a padding slot of a head-wise budget)
     values: torch.Tensor  # [R, t, D]
+    real: torch.Tensor  # [R, t] bool: which slots hold entries
 
     def keys(self, readout: SpanReadout) -> torch.Tensor:
         return readout.keys.gather(1, self.index[..., None].expand(-1, -1, readout.keys.shape[-1]))
@@ -76,33 +79,41 @@ def compact(
     values: str = "refit",
     ridge: float = 1e-2,
     iterations: int = 300,
+    head_budget: str = "uniform",
+    kv_heads: int = 1,
 ) -> Compaction:
-    """The t-entry compaction of every row of `readout`."""
-    n = readout.keys.shape[1]
+    """The compaction of every row of `readout` (rows are layer-major, `kv_heads` per layer) keeping t entries per
+    row, or t per row on average over a layer's heads with `head_budget="adaptive"` (compress/head_budget.py)."""
+    rows, n, _ = readout.keys.shape
     if not 1 <= t <= n:
         raise ValueError(f"cannot keep {t} of {n} entries")
     attention = readout.attention()  # P [R, m, n]
+    weights = None
     if selection == "omp":
+        if head_budget != "uniform":
+            raise ValueError(f"head budget '{head_budget}' with OMP selection is not implemented")
         index, weights = omp(attention, t)
+        real = torch.ones_like(index, dtype=torch.bool)
     elif selection == "attention":
-        index, weights = attention.mean(1).topk(t, dim=-1).indices.sort(-1).values, None
+        index, real = per_head_index(attention.mean(1).reshape(-1, kv_heads, n), t, head_budget)
+        index, real = index.reshape(rows, -1), real.reshape(rows, -1)
     else:
         raise ValueError(f"unknown selection '{selection}'; choose one of {', '.join(SELECTIONS)}")
     if bias == "fit":
-        kept = attention.gather(2, index[:, None, :].expand(-1, attention.shape[1], -1))
+        kept = attention.gather(2, index[:, None, :].expand(-1, attention.shape[1], -1)) * real[:, None, :]
         if weights is not None:  # start from OMP's weights or from all ones, whichever fits better
             ones = torch.ones_like(weights)
             worse = mass_error(kept, weights) > mass_error(kept, ones)
             weights = torch.where(worse[:, None], ones, weights)
         beta = nnls(kept, iterations, weights).clamp_min(1e-12).log()
-    elif bias == "shared":
-        beta = torch.full(index.shape, float(torch.log(torch.tensor(n / t))))
+    elif bias == "shared":  # log(n / t) with each row's own count of entries
+        beta = (n / real.sum(-1, keepdim=True).float()).log().expand(index.shape).clone()
     elif bias == "none":
         beta = torch.zeros(index.shape)
     else:
         raise ValueError(f"unknown bias '{bias}'; choose one of {', '.join(BIASES)}")
     kept_values = readout.values.gather(1, index[..., None].expand(-1, -1, readout.values.shape[-1]))
-    result = Compaction(index, beta, kept_values)
+    result = Compaction(index, beta.masked_fill(~real, MASKED), kept_values, real)
     if values == "refit":
         result.values = ridge_values(readout, result, ridge)
     elif values != "keep":

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.kv.context import Context
 from vkv.lm.capture import projection_hooks
 from vkv.lm.frozen import FrozenLM
 
@@ -17,38 +18,52 @@ REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
 
 @dataclass
 class ReconstructionPass:
-    """The read-out of span [start, end) after ids[:end] and the repeat request."""
+    """The read-out of a span after the context it is compressed in (the verbatim conversation, or per turn the
+    running compressed cache) and the repeat request. Rows are physical cache indices, positions logical ones."""
 
-    start: int
-    end: int
+    span_rows: tuple[int, int]  # where the span's own entries sit in `keys`
     queries: torch.Tensor  # [layers, heads, n, head_dim] pre-RoPE queries of the repeated span tokens
-    positions: torch.Tensor  # [n] their positions
+    positions: torch.Tensor  # [n] their logical positions
+    query_rows: torch.Tensor  # [n] their rows in `keys` (each sees the rows up to its own)
     keys: list[torch.Tensor]  # per layer [kv_heads, N, head_dim] post-RoPE keys of the whole pass
+    bias: torch.Tensor | None  # [layers, kv_heads, prefix rows]: the compressed context's entry biases, if any
 
     @classmethod
-    def run(cls, lm: FrozenLM, ids: list[int], start: int, end: int) -> ReconstructionPass:
+    def run(cls, work) -> ReconstructionPass:
+        """Feed the span, the request and the span again on top of `work.prefix_cache()`; record the read-out."""
+        lm = work.lm
+        prefix = work.prefix_cache()
         request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
-        sequence = list(ids[:end]) + request + list(ids[start:end])
-        first = end + len(request)
-        cache = lm.new_cache()
-        with torch.no_grad(), projection_hooks(lm, first, len(sequence), queries=True) as store:
-            lm.decoder(torch.tensor([sequence]), cache)
-        queries = torch.stack(store["queries_pre_rope"])
-        return cls(start, end, queries, torch.arange(first, len(sequence)).float(), [x.keys[0] for x in cache.layers])
+        span = list(work.ids[work.start : work.end])
+        context = Context(lm, prefix)
+        base, first = context.length, len(span) + len(request)  # read-out: fed tokens [first, first + n)
+        with projection_hooks(lm, first, first + len(span), queries=True) as store:
+            context.feed(span + request + span)
+        return cls(
+            (base, base + len(span)),
+            torch.stack(store["queries_pre_rope"]),
+            torch.arange(len(span)).float() + prefix.next_position + first,
+            torch.arange(len(span)) + base + first,
+            [layer.keys[0] for layer in context.cache.layers],
+            prefix.attention_bias(),
+        )
 
     def scores(self, lm: FrozenLM) -> torch.Tensor:
         """KVzip's importance of each span entry `[layers, kv_heads, n]`: the largest attention it receives from any
-        read-out query of any query head sharing its KV head (softmax over every key that query sees)."""
+        read-out query of any query head sharing its KV head (softmax over every entry that query sees, the
+        context's entry biases included)."""
         group = lm.spec.num_heads // lm.spec.num_kv_heads
         out = []
         for layer, keys in enumerate(self.keys):
             q = lm.rotate(self.queries[layer].to(lm.device).float(), self.positions)  # [H, nq, D]
             k = keys.float().repeat_interleave(group, dim=0)  # [H, N, D]
             scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
-            visible = (
-                torch.arange(k.shape[1], device=scores.device)[None, :] <= self.positions.to(scores.device)[:, None]
-            )
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, self.start : self.end]
+            if self.bias is not None:
+                prefix = self.bias.shape[-1]
+                scores[..., :prefix] += self.bias[layer].to(scores.device).repeat_interleave(group, dim=0)[:, None]
+            rows = self.query_rows.to(scores.device)
+            visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= rows[:, None]
+            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, slice(*self.span_rows)]
             out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
         return torch.stack(out).cpu()
 

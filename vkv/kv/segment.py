@@ -30,7 +30,16 @@ class Segment:
 
     @property
     def entries(self) -> int:
+        """Slots per layer and KV head (what the cache stores)."""
         return self.keys.shape[2]
+
+    @property
+    def real_entries(self) -> float:
+        """Entries attention can reach, per layer and KV head on average: head-wise budgets pad the heads that keep
+        fewer with slots whose bias is −inf. The ratio counts these."""
+        if self.bias is None or bool(torch.isfinite(self.bias).all()):
+            return self.entries
+        return float(torch.isfinite(self.bias).sum()) / (self.bias.shape[0] * self.bias.shape[1])
 
     @property
     def original_tokens(self) -> int:
@@ -38,7 +47,7 @@ class Segment:
 
     @property
     def ratio(self) -> float:
-        return self.original_tokens / max(self.entries, 1)
+        return self.original_tokens / max(self.real_entries, 1)
 
     @property
     def kv(self) -> KVPrefix:
@@ -51,6 +60,7 @@ class Segment:
             "kind": self.kind,
             "span": list(self.span),
             "entries": self.entries,
+            **({"real_entries": round(self.real_entries, 2)} if self.real_entries != self.entries else {}),
             "ratio": round(self.ratio, 4),
             **{k: v for k, v in self.stats.items() if not isinstance(v, (list, dict))},
         }
@@ -80,8 +90,8 @@ class SegmentGroup(list):
         self.stats: dict[str, Any] = stats or {}
 
     @property
-    def entries(self) -> int:
-        return sum(s.entries for s in self)
+    def entries(self) -> float:
+        return sum(s.real_entries for s in self)
 
     @property
     def original_tokens(self) -> int:

@@ -13,13 +13,13 @@ from vkv.compress.targets import ATTENTION_QUERIES, attention_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
 from vkv.lm.capture import capture_span
-from vkv.methods.base import Method, SpanWork
+from vkv.methods.base import BudgetMethod, SpanWork
 
 QUERY_SOURCES = ("span", "reconstruction", "both")
 
 
 @dataclass
-class AttentionMatching(Method):
+class AttentionMatching(BudgetMethod):
     """Zweiger et al. 2026, question-free: reference queries are the span's own (moved past the span) and/or those
     of a reconstruction pass; keys by attention or OMP; β by NNLS; values by ridge least squares."""
 
@@ -31,12 +31,15 @@ class AttentionMatching(Method):
     queries: str = "span"  # or "reconstruction" or "both"
     num_queries: int = ATTENTION_QUERIES  # per query head and source
     ridge: float = 1e-2  # pulls refitted values toward the kept entries' own
+    head_budget: str = "uniform"  # each head its own t keys; "adaptive": AdaKV's split; "shared": the same tokens
 
-    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
+    def check(self) -> None:
         if self.queries not in QUERY_SOURCES:
             raise VkvError(
                 f"am: field queries: unknown value '{self.queries}'; choose one of {', '.join(QUERY_SOURCES)}"
             )
+
+    def compress_to(self, work: SpanWork, budget: int) -> Segment:
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
         queries = reference_queries(work, self.queries, self.num_queries)
@@ -44,7 +47,16 @@ class AttentionMatching(Method):
             queries.reshape(layers * kv_heads, -1, dim), keys.reshape(-1, n, dim), values.reshape(-1, n, dim)
         )
         try:
-            result = compact(readout, work.budget(ratio), self.selection, self.bias, self.values, self.ridge)
+            result = compact(
+                readout,
+                budget,
+                self.selection,
+                self.bias,
+                self.values,
+                self.ridge,
+                head_budget=self.head_budget,
+                kv_heads=kv_heads,
+            )
         except ValueError as exc:
             raise VkvError(f"am: {exc}") from None
         shape = (layers, kv_heads, -1)
@@ -52,6 +64,7 @@ class AttentionMatching(Method):
             result.index.reshape(shape),
             result.values.reshape(layers, kv_heads, -1, dim),
             result.bias.reshape(shape),
+            None if bool(result.real.all()) else result.real.reshape(shape),
             reference_queries=queries.shape[2],
         )
 
@@ -66,5 +79,5 @@ def reference_queries(work: SpanWork, source: str, count: int) -> torch.Tensor:
             acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
         parts.append(attention_targets(work.lm, acts, torch.zeros(1), count).queries)
     if source in ("reconstruction", "both"):
-        parts.append(ReconstructionPass.run(work.lm, work.ids, work.start, work.end).reference_queries(work.lm, count))
+        parts.append(ReconstructionPass.run(work).reference_queries(work.lm, count))
     return torch.cat(parts, dim=2)

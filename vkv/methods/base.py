@@ -14,7 +14,8 @@ import torch
 
 from vkv.compress.pooling import num_virtual_tokens
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment, SegmentGroup
+from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
+from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 
@@ -50,22 +51,50 @@ class SpanWork:
         keys, values = self.kv.select(rows).stacked()
         return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
 
+    def prefix_cache(self) -> SplicedCache:
+        """Everything before the span as the model holds it when the span is compressed (a fresh copy to extend):
+        here the verbatim context; per turn, the running compressed cache."""
+        cache = SplicedCache()
+        if self.start > 0:
+            cache.append(verbatim_segment(self.kv.slice(0, self.start - self.kv_start), 0))
+        return cache
+
     def span_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The span's own full-context keys and values, `[layers, kv_heads, span, head_dim]` float32 each."""
         return self.kv.slice(self.start - self.kv_start, self.end - self.kv_start).stacked()
 
     def keep_per_head(
-        self, index: torch.Tensor, values: torch.Tensor | None = None, bias: torch.Tensor | None = None, **stats
+        self,
+        index: torch.Tensor,
+        values: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        real: torch.Tensor | None = None,
+        **stats,
     ) -> Segment:
         """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
         own entries), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
-        `[layers, kv_heads, t]`. Entry j's position is the mean original position of the j-th kept entries."""
+        `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets), slots that are False are
+        padding, masked by a bias of −inf. Entry j's position is the mean original position of the j-th real
+        entries of every head."""
+        from vkv.compress.head_budget import MASKED
+
         keys, span_values = self.span_kv()
         gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
         kept_values = span_values.gather(2, gather) if values is None else values
-        positions = index.float().mean(dim=(0, 1)) + self.start
+        if real is None:
+            positions = index.float().mean(dim=(0, 1))
+        else:
+            bias = (torch.zeros(index.shape) if bias is None else bias).masked_fill(~real, MASKED)
+            positions = (index * real).sum(dim=(0, 1)) / real.sum(dim=(0, 1)).clamp_min(1)
+            stats["head_budget_slots"] = index.shape[-1]  # physical slots per head; the rest of the row is padding
         return Segment(
-            "compact", (self.start, self.end), keys.gather(2, gather), kept_values, positions, bias=bias, stats=stats
+            "compact",
+            (self.start, self.end),
+            keys.gather(2, gather),
+            kept_values,
+            positions.float() + self.start,
+            bias=bias,
+            stats=stats,
         )
 
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
@@ -103,6 +132,28 @@ class Method:
     def config(self) -> dict[str, Any]:
         """Every option with its effective value: what the run's identity and results record."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+
+
+@dataclass
+class BudgetMethod(Method):
+    """A method that keeps a budget of entries for a span: `compress_to(work, budget)` is the method; this class
+    owns the ratio → budget rule and the per-turn setting (methods/turns.py)."""
+
+    per_turn: bool = False  # compress each message when it ends, on top of the running compressed cache
+
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
+        self.check()
+        if self.per_turn:
+            from vkv.methods.turns import compress_per_turn
+
+            return compress_per_turn(work, ratio, self.compress_to)
+        return self.compress_to(work, work.budget(ratio))
+
+    def check(self) -> None:
+        """Raise VkvError on an option value the method does not know (before any work is done)."""
+
+    def compress_to(self, work: SpanWork, budget: int) -> Segment:
+        raise NotImplementedError
 
 
 @dataclass

@@ -3,27 +3,27 @@ from dataclasses import dataclass
 import torch
 
 from vkv.methods.base import SpanWork
-from vkv.methods.eviction import EvictionMethod
+from vkv.methods.eviction import ScorerMethod
 
 
 @dataclass
-class SnapKV(EvictionMethod):
-    """SnapKV, question-agnostic: the last tokens of the span are the observation window; the rest are scored
-    by the window's attention (pooled over neighbours) and the top ones kept. Selection is per token, shared
-    by all layers and heads, so every kept entry has one position."""
+class SnapKV(ScorerMethod):
+    """SnapKV, question-agnostic: the last tokens of the span are the observation window, always kept; the rest are
+    scored by the window's attention, pooled over neighbours. By default the selection is per token, shared by
+    all layers and heads, so every kept entry has one position."""
 
     name = "snapkv"
     window: int = 32  # the observation window: the span's last tokens, whose attention scores the rest
     kernel: int = 5  # scores are pooled over this many neighbours
 
-    def select(self, work: SpanWork, budget: int) -> torch.Tensor:
+    def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         window = max(1, min(int(self.window), budget // 2))
-        kernel = int(self.kernel)
         observed_end = work.span_length - window
-        if observed_end <= 0 or budget <= window:
-            return torch.arange(work.span_length - budget, work.span_length)
+        layers, kv_heads = work.acts.values.shape[:2]
+        if observed_end <= 0 or budget <= window:  # too short to observe: keep the most recent
+            return torch.arange(work.span_length).float().expand(layers, kv_heads, -1)
         attn = work.attention_between((work.start, work.start + observed_end), (work.end - window, work.end))
-        scores = attn.mean(dim=(0, 1))
-        scores = torch.nn.functional.avg_pool1d(scores[None, None], kernel, stride=1, padding=kernel // 2)[0, 0]
-        chosen = torch.topk(scores[:observed_end], budget - window).indices
-        return torch.cat([chosen, torch.arange(observed_end, work.span_length)])
+        kernel = int(self.kernel)
+        pooled = torch.nn.functional.avg_pool1d(attn.reshape(-1, 1, observed_end), kernel, 1, kernel // 2)
+        always = torch.full((layers, kv_heads, window), float("inf"))
+        return torch.cat([pooled.reshape(layers, kv_heads, -1)[..., :observed_end], always], dim=-1)

@@ -1,0 +1,128 @@
+"""Head-wise budgets (uniform, AdaKV's adaptive split, padding masked by −inf) and every budget method per turn."""
+
+import pytest
+import torch
+
+from tests.conftest import FIXTURES
+from vkv.compress.head_budget import ADAKV_SAFEGUARD, per_head_index
+from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.sequential import allocate, message_turns
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.kv.context import Context
+from vkv.kv.file import load_cache, save_cache
+from vkv.kv.segment import verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.methods import get_method
+from vkv.methods.base import SpanWork
+from vkv.methods.turns import TurnWork
+from vkv.text.transcript import load_transcript
+
+
+def test_adaptive_budget_gives_spread_heads_more_and_keeps_the_layer_total():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(2, 3, 50, generator=g)
+    scores[:, 0] += 1.0  # head 0 outscores the others everywhere
+    index, real = per_head_index(scores, 10, "adaptive")
+    counts = real.sum(-1)
+    assert counts.sum(-1).tolist() == [30, 30]  # budget × heads per layer
+    assert (counts >= int(ADAKV_SAFEGUARD * 10)).all() and (counts[:, 0] > counts[:, 1]).all()
+    for layer in range(2):
+        for head in range(3):
+            kept = index[layer, head, : counts[layer, head]]
+            assert torch.equal(kept, kept.sort().values) and len(kept.unique()) == len(kept)
+            best = scores[layer, head].topk(int(counts[layer, head])).indices.sort().values
+            assert torch.equal(kept, best)  # a head's entries are its own best ones
+    uniform, all_real = per_head_index(scores, 10, "uniform")
+    assert uniform.shape == (2, 3, 10) and bool(all_real.all())
+    with pytest.raises(ValueError, match="unknown head budget"):
+        per_head_index(scores, 10, "greedy")
+
+
+@pytest.fixture(scope="module")
+def evaluation(tiny_llama):
+    return TranscriptEval(
+        tiny_llama, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=2)
+    )
+
+
+@pytest.mark.parametrize("name", ["knorm", "kvzip", "am"])
+def test_adaptive_heads_keep_the_ratio_and_padding_is_never_attended(evaluation, tmp_path, name):
+    work = evaluation.work
+    method = get_method(name, head_budget="adaptive")
+    segment = method.compress(work, 3.0)
+    padding = torch.isinf(segment.bias)
+    assert segment.kind == "compact" and bool(padding.any())  # the mini transcript's heads do differ
+    assert segment.real_entries == pytest.approx(work.budget(3.0))
+    probe = evaluation.questions[0].prompt
+    logits = Context(work.lm, evaluation.splice(segment)).feed(probe)
+    scrambled = segment.keys.clone()
+    scrambled[padding] = torch.randn(int(padding.sum()), scrambled.shape[-1]) * 10
+    segment.keys, original = scrambled, segment.keys
+    assert torch.equal(Context(work.lm, evaluation.splice(segment)).feed(probe), logits)
+    segment.keys = original
+    spliced = SplicedCache(meta={"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
+    spliced.append(segment)
+    save_cache(spliced, tmp_path / "c.safetensors")
+    assert torch.equal(load_cache(tmp_path / "c.safetensors", work.lm).segments[0].bias, segment.bias)
+    result = evaluation.evaluate(method, 3.0)
+    assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
+
+
+def test_shared_head_budget_is_the_token_selection_of_before(evaluation):
+    work = evaluation.work
+    norms = work.acts.keys_pre_rope.norm(dim=-1).mean(dim=(0, 1))
+    expected = torch.topk(-norms, work.budget(3.0)).indices.sort().values + work.start
+    assert torch.equal(get_method("knorm").compress(work, 3.0).positions.long(), expected)
+
+
+@pytest.mark.parametrize("name", ["am", "kvzip"])
+def test_anchors_per_turn_compress_each_turn_on_the_running_cache(evaluation, name):
+    work = evaluation.work
+    group = get_method(name, per_turn=True).compress(work, 2.0)
+    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+    assert [s.span for s in group] == [(t.start, t.end) for t in turns]
+    assert [s.entries for s in group] == allocate([t.length for t in turns], 2.0)
+    result = evaluation.evaluate(get_method(name, per_turn=True), 2.0)
+    assert result["compressed_entries"] == work.budget(2.0) and result["optimisation"]["per_turn"]
+
+
+def test_reconstruction_on_a_running_cache_equals_the_pass_on_the_full_context(evaluation):
+    work = evaluation.work
+    turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
+    history = SplicedCache()
+    history.append(verbatim_segment(work.kv.slice(0, turn.start), 0))
+    on_cache = ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm)
+    direct = SpanWork(work.lm, work.ids, turn.start, turn.end, work.kv, work.acts, work.message_starts)
+    torch.testing.assert_close(on_cache, ReconstructionPass.run(direct).scores(work.lm), atol=1e-5, rtol=1e-4)
+    history.segments[0].bias = torch.zeros(history.segments[0].keys.shape[:3])  # a zero bias changes nothing
+    zero = ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm)
+    torch.testing.assert_close(zero, on_cache, atol=1e-5, rtol=1e-4)
+    history.segments[0].bias[..., :4] = 3.0  # a bias on the context draws the read-out's attention away
+    assert not torch.allclose(ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm), zero)
+
+
+def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_path, tmp_path, capsys):
+    import json
+
+    from vkv.cli import main
+
+    out = tmp_path / "eval.json"
+    argv = [
+        "eval",
+        str(mini_transcript_path),
+        "--model",
+        "smollm2-135m",
+        "--method",
+        "knorm",
+        "--ratio",
+        "3",
+        "--max-new-tokens",
+        "2",
+    ]
+    assert main([*argv, "--head-budget", "adaptive", "--option", "mass=nearest", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["config"]["head_budget"] == "adaptive" and result["config"]["mass"] == "nearest"
+    assert main([*argv, "--option", "selection=omp"]) == 2
+    assert "--option selection: none of the methods knorm has it" in capsys.readouterr().err
+    assert main([*argv, "--option", "per_turn=maybe"]) == 2
+    assert "--option per_turn=maybe: expected a bool" in capsys.readouterr().err

@@ -1,0 +1,47 @@
+"""How a span's entry budget is spent over the KV heads of a layer, given every entry's score per layer and head.
+
+- `shared`: every head keeps the same tokens, those with the best mean score;
+- `uniform`: each head keeps its own `budget` best entries;
+- `adaptive` (AdaKV, Feng et al. 2024): a layer's `budget × heads` entries go to the best scores across all its
+  heads, after a safeguard share of the uniform budget per head, so heads whose attention is concentrated give
+  entries to heads where it is spread.
+
+Heads then keep different numbers of entries, but a cache holds the same number per head: a head's unused slots
+are padding, masked out of attention by a bias of −inf (`real` says which slots hold entries).
+"""
+
+from __future__ import annotations
+
+import torch
+
+HEAD_BUDGETS = ("shared", "uniform", "adaptive")
+ADAKV_SAFEGUARD = 0.2  # AdaKV's α: every head keeps at least this share of the uniform budget
+MASKED = float("-inf")  # the bias of a padding slot: no query ever attends to it
+
+
+def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Entries each head keeps for `scores` `[layers, heads, n]` (higher is better) → (`index` `[layers, heads, t]`
+    ascending span-relative indices, `real` `[layers, heads, t]` bool). Every layer keeps `budget × heads` real
+    entries; padding slots repeat the head's first entry."""
+    layers, heads, n = scores.shape
+    if not 1 <= budget <= n:
+        raise ValueError(f"cannot keep {budget} of {n} entries per head")
+    if rule == "shared":
+        index = scores.mean(dim=(0, 1)).topk(budget).indices.sort().values.expand(layers, heads, -1)
+        return index, torch.ones_like(index, dtype=torch.bool)
+    if rule == "uniform":
+        index = scores.topk(budget, dim=-1).indices.sort(-1).values
+        return index, torch.ones_like(index, dtype=torch.bool)
+    if rule != "adaptive":
+        raise ValueError(f"unknown head budget '{rule}'; choose one of {', '.join(HEAD_BUDGETS)}")
+    kept = torch.zeros(layers, heads, n, dtype=torch.bool)
+    floor = max(1, int(ADAKV_SAFEGUARD * budget))  # at least one: a head with no entry could not read the span
+    kept.scatter_(-1, scores.topk(floor, dim=-1).indices, True)
+    rest = scores.masked_fill(kept, float("-inf")).reshape(layers, heads * n)
+    chosen = rest.topk(heads * (budget - floor), dim=-1).indices
+    kept.view(layers, heads * n).scatter_(-1, chosen, True)
+    counts = kept.sum(-1)  # [layers, heads]
+    # Kept entries first (ascending), then the rest: the first `count` columns of each row are its entries.
+    order = torch.where(kept, torch.arange(n), n + torch.arange(n)).argsort(-1)[..., : int(counts.max())]
+    real = torch.arange(order.shape[-1]) < counts[..., None]
+    return torch.where(real, order, order[..., :1]), real
