@@ -36,10 +36,10 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
     from vkv.cli.multiturn import wants_multiturn
     from vkv.compress.single import compress_transcript
-    from vkv.kv.file import save_cache
     from vkv.progress import step_bar
     from vkv.text.transcript import load_transcript, parse_turn_span
 
+    check_store(args)
     transcript = load_transcript(args.transcript)
     config = compress_config_from_args(args)
     if config.pooling == "attention":
@@ -55,7 +55,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
     ) as on_step:
         spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step)
-    save_cache(spliced, args.out)
+    save_with_store(spliced, args, lm, transcript)
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     summary = {
         "span_tokens": virtual.original_tokens,
@@ -68,6 +68,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         "seconds": round(virtual.stats["seconds"], 2),
         "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
         "cache": args.out,
+        "store": args.store,
     }
     console.print(key_value_table("vkv compress", summary))
     write_json(
@@ -84,16 +85,42 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 def _compress_multiturn(args, lm, transcript, turns, config) -> int:
     from vkv.cli.multiturn import compress_multiturn
-    from vkv.kv.file import read_header, save_cache
+    from vkv.kv.file import read_header
     from vkv.kv.report import report_rows, report_table
 
     with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
         spliced = compress_multiturn(lm, transcript, turns, config, args)
-    save_cache(spliced, args.out)
+    save_with_store(spliced, args, lm, transcript)
     rows = report_rows(read_header(args.out))
     console.print(report_table(rows))
     write_json(args.json, {"config": config.to_dict(), "segments": spliced.table(), "report": rows})
     return 0
+
+
+def check_store(args: argparse.Namespace) -> None:
+    """Refuse a --store value, or a multi-turn plan whose segments it cannot hold, before any work is done."""
+    from vkv.kv.file import STORES
+
+    if args.store not in STORES:
+        raise VkvError(f"--store {args.store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
+    if args.store == "kv":
+        return
+    if args.hybrid is not None:
+        raise VkvError("--store embeddings cannot hold --hybrid segments, whose kept tokens' K/V saw the whole turn")
+    if args.auto_ratio and args.targets == "oracle":
+        raise VkvError(
+            "--store embeddings with --auto-ratio needs --target-source online: a turn kept verbatim under oracle "
+            "targets has K/V from the uncompressed history, which a rebuild cannot reproduce"
+        )
+
+
+def save_with_store(spliced, args: argparse.Namespace, lm, transcript) -> None:
+    """Write the cache as --store says; an embeddings-only file needs the rendered ids of its verbatim segments."""
+    from vkv.compress.single import render_within_positions
+    from vkv.kv.file import save_cache
+
+    ids = render_within_positions(lm, transcript).ids if args.store == "embeddings" else None
+    save_cache(spliced, args.out, store=args.store, ids=ids)
 
 
 def _pick_window(lm, transcript, max_tokens: int, index: int):
@@ -118,6 +145,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, help="compress one turn window of at most this many tokens")
     p.add_argument("--window-index", type=int, default=0, help="which window (0 = the one with most questions)")
     p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
+    p.add_argument(
+        "--store",
+        default="kv",
+        metavar="kv|embeddings",
+        help="kv: every segment's keys and values (default); embeddings: verbatim token ids and virtual embeddings "
+        "only, many times smaller, K/V rebuilt by forward passes when the file is loaded with the model",
+    )
     p.add_argument("--json", help="also write the summary, config and per-layer loss here")
 
     add_multiturn_args(p)

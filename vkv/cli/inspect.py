@@ -11,10 +11,12 @@ from vkv.cli.common import console, key_value_table, write_json
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from vkv.kv.file import read_header
+    from vkv.kv.report import storage
 
     header = read_header(args.cache)
+    stored = storage(args.cache, header)
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
-    meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()})
+    meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)
     console.print(key_value_table(f"{args.cache}", meta))
     table = Table(title="segments")
     for col in ("#", "kind", "span", "tokens", "entries", "ratio", "loss init→best", "steps"):
@@ -39,7 +41,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
         console.print(report_table(report_rows(header)))
     if args.json:
-        write_json(args.json, header)
+        write_json(args.json, {**header, "storage": stored})
     return 0
 
 

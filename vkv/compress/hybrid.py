@@ -35,6 +35,7 @@ from vkv.compress.problem import SpanProblem
 from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment, mass_bias
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
@@ -183,13 +184,11 @@ def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_s
     problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
     targets, positions = problem.targets, problem.positions
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
-    with torch.no_grad():
-        keys, values = lm.forward_kv(result.embeddings[None].to(lm.device), positions, prefix)
-    values = torch.cat(values).float().cpu()
+    keys, values = virtual_kv(lm, result.embeddings, positions, prefix)
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
     mass = problem.mass(compress)
-    return _VirtualPart(torch.cat(keys).float().cpu(), values, positions, result.embeddings, stats, mass)
+    return _VirtualPart(keys, values, positions, result.embeddings, stats, mass)
 
 
 def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:

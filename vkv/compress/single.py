@@ -19,6 +19,7 @@ from vkv.compress.pooling import num_virtual_tokens
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment, mass_bias
 from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
@@ -58,12 +59,10 @@ def virtual_segment(
             "best_kl": min(trace),
             "trace": trace,
         }
-    with torch.no_grad():
-        keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
-    keys = torch.cat(keys).float().cpu()
+    keys, values = virtual_kv(lm, embeddings, positions, prefix)
     mass = problem.mass(config)
     bias = None if mass is None else mass_bias(mass, *keys.shape[:2])
-    return Segment("virtual", (start, end), keys, torch.cat(values).float().cpu(), positions, embeddings, stats, bias)
+    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias)
 
 
 def compress_span(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ import torch
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
+from vkv.kv.rebuild import StoredSegment, check_rebuildable, rebuild
 from vkv.kv.segment import KINDS, Segment, mass_bias
 from vkv.kv.spliced import SplicedCache
 
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 2  # 2: per-layer, per-KV-head `bias` tensors; 1 (still read): a shared `mass` per entry
 READABLE_VERSIONS = (1, 2)
+STORES = ("kv", "embeddings")  # the header's `store` (absent: kv); embeddings: no K/V, rebuilt at load
 
 
 def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[str, Any]:
@@ -47,14 +50,24 @@ def cache_metadata(lm: FrozenLM, **extra) -> dict[str, Any]:
     }
 
 
-def save_cache(cache: SplicedCache, path: str | Path) -> None:
-    """Write tensors and a validated metadata header; atomic (temp file, then rename)."""
+def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Sequence[int] | None = None) -> None:
+    """Write tensors and a validated metadata header; atomic (temp file, then rename).
+
+    `store="embeddings"` writes no keys or values: verbatim segments keep their token ids (taken from `ids`, the
+    rendered tokens their spans index) and virtual ones their embeddings; `load_cache` rebuilds the K/V."""
     from safetensors.torch import save_file
 
+    if store not in STORES:
+        raise VkvError(f"{path}: field store: unknown store {store!r}; choose one of {', '.join(STORES)}")
+    if store == "embeddings":
+        check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        tensors[f"segments.{i}.keys"] = seg.keys.contiguous().cpu()
-        tensors[f"segments.{i}.values"] = seg.values.contiguous().cpu()
+        if store == "kv":
+            tensors[f"segments.{i}.keys"] = seg.keys.contiguous().cpu()
+            tensors[f"segments.{i}.values"] = seg.values.contiguous().cpu()
+        elif seg.kind == "verbatim":
+            tensors[f"segments.{i}.ids"] = torch.as_tensor(ids[seg.span[0] : seg.span[1]], dtype=torch.int32)
         tensors[f"segments.{i}.positions"] = seg.positions.float().contiguous().cpu()
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
@@ -69,6 +82,7 @@ def save_cache(cache: SplicedCache, path: str | Path) -> None:
             for s in cache.segments
         ],
         **cache.meta,
+        "store": store,  # after the meta, which holds the store a loaded cache came from
     }
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
@@ -100,15 +114,23 @@ def read_header(path: str | Path) -> dict[str, Any]:
 
 
 def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
-    """Read a cache file; with a model, refuse one built for another model or with inconsistent shapes."""
+    """Read a cache file; with a model, refuse one built for another model or with inconsistent shapes. An
+    embeddings-only file needs the model: its K/V are rebuilt by forward passes (vkv.kv.rebuild)."""
     from safetensors.torch import load_file
 
     p = Path(path)
     header = read_header(p)
+    store = header.get("store", "kv")
+    if store not in STORES:
+        raise VkvError(f"{p}: field store: unknown store {store!r} (this vkv reads {', '.join(STORES)})")
     if lm is not None and header.get("fingerprint") != lm.fingerprint:
         raise VkvError(
             f"{p}: field fingerprint: cache was built for model '{header.get('model')}' "
             f"({header.get('fingerprint')}), not for '{lm.name}' ({lm.fingerprint})"
+        )
+    if store == "embeddings" and lm is None:
+        raise VkvError(
+            f"{p}: field store: an embeddings-only cache holds no keys or values; a model is needed to rebuild them"
         )
     try:
         tensors = load_file(str(p))
@@ -116,8 +138,13 @@ def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
         raise VkvError(f"{p}: tensor data is truncated or corrupt ({exc})") from exc
     spec = header.get("spec", {})
     expected = (spec.get("num_layers"), spec.get("num_kv_heads"), spec.get("head_dim"))
-    cache = SplicedCache(meta={k: v for k, v in header.items() if k not in ("segments", "next_position")})
-    for i, row in enumerate(header.get("segments", [])):
+    meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store")}
+    rows = header.get("segments", [])
+    if store == "embeddings":
+        stored = [_stored_from(tensors, i, row, spec, p) for i, row in enumerate(rows)]
+        return rebuild(lm, stored, int(header["next_position"]), meta)
+    cache = SplicedCache(meta=meta)
+    for i, row in enumerate(rows):
         cache.segments.append(_segment_from(tensors, i, row, expected, p))
     cache.next_position = int(header["next_position"])
     return cache
@@ -140,17 +167,6 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         )
     if row.get("kind") not in KINDS:
         raise VkvError(f"{where}.kind: unknown segment kind {row.get('kind')!r}")
-    bias = tensors.get(f"segments.{i}.bias")
-    mass = tensors.get(f"segments.{i}.mass")  # version 1: proportional attention's token counts
-    if mass is not None:
-        if mass.shape != positions.shape or not bool((mass > 0).all()):
-            raise VkvError(f"{where}: mass must hold one positive count per entry, got shape {tuple(mass.shape)}")
-        bias = mass_bias(mass, *keys.shape[:2])
-    if bias is not None and (bias.shape != keys.shape[:3] or not bool(torch.isfinite(bias).all())):
-        raise VkvError(
-            f"{where}.bias: expected finite values of shape (layers, kv_heads, entries) = {tuple(keys.shape[:3])}, "
-            f"got {tuple(bias.shape)}"
-        )
     return Segment(
         row["kind"],
         tuple(row["span"]),
@@ -159,5 +175,54 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         positions,
         tensors.get(f"segments.{i}.embeddings"),
         row.get("stats", {}),
-        bias,
+        _bias_from(tensors, i, tuple(keys.shape[:3]), where),
     )
+
+
+def _stored_from(tensors, i: int, row: dict, spec: dict, path: Path) -> StoredSegment:
+    """Segment i of an embeddings-only file: verbatim token ids or virtual embeddings, checked against the table."""
+    where = f"{path}: field segments[{i}]"
+    kind, span, entries = row.get("kind"), tuple(row.get("span", ())), row.get("entries")
+    if kind not in ("verbatim", "virtual"):
+        raise VkvError(f"{where}.kind: an embeddings-only file holds verbatim and virtual segments, not {kind!r}")
+    name = "ids" if kind == "verbatim" else "embeddings"
+    data, positions = tensors.get(f"segments.{i}.{name}"), tensors.get(f"segments.{i}.positions")
+    if data is None or positions is None:
+        raise VkvError(f"{where}: a {kind} segment of an embeddings-only file needs tensors {name} and positions")
+    shape = (entries,) if kind == "verbatim" else (entries, spec.get("hidden_size"))
+    if tuple(data.shape) != shape or positions.shape != (entries,):
+        raise VkvError(
+            f"{where}.{name}: expected shape {shape} and {entries} positions (the table's entries), "
+            f"got {tuple(data.shape)} and {positions.numel()}"
+        )
+    if kind == "verbatim":
+        if (
+            len(span) != 2
+            or span[1] - span[0] != entries
+            or not torch.equal(positions.float(), torch.arange(*span).float())
+        ):
+            raise VkvError(f"{where}.span: {entries} token ids at their positions cannot stand for tokens {list(span)}")
+        vocab = spec.get("vocab_size") or 0
+        if data.is_floating_point() or (entries and not 0 <= int(data.min()) <= int(data.max()) < vocab):
+            raise VkvError(f"{where}.ids: token ids must be integers below the vocabulary size {vocab}")
+    bias = _bias_from(tensors, i, (spec.get("num_layers"), spec.get("num_kv_heads"), entries), where)
+    ids = data.tolist() if kind == "verbatim" else None
+    embeddings = data.float() if kind == "virtual" else None
+    return StoredSegment(kind, span, positions.float(), ids, embeddings, bias, row.get("stats", {}))
+
+
+def _bias_from(tensors, i: int, shape: tuple, where: str) -> torch.Tensor | None:
+    """Segment i's bias `[layers, kv_heads, entries]` = `shape` (version 1: from its `mass`), or None."""
+    bias = tensors.get(f"segments.{i}.bias")
+    mass = tensors.get(f"segments.{i}.mass")  # version 1: proportional attention's token counts
+    if mass is not None:
+        if mass.shape != (shape[2],) or not bool((mass > 0).all()):
+            raise VkvError(f"{where}: mass must hold one positive count per entry, got shape {tuple(mass.shape)}")
+        bias = mass_bias(mass, *shape[:2])
+    # −inf is a padding slot of a head-wise budget (compress/head_budget.py); NaN and +inf are corruption
+    if bias is not None and (tuple(bias.shape) != shape or bool((bias.isnan() | (bias == float("inf"))).any())):
+        raise VkvError(
+            f"{where}.bias: expected finite values (or −inf for padding) of shape (layers, kv_heads, entries) = "
+            f"{shape}, got {tuple(bias.shape)}"
+        )
+    return bias

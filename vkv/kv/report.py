@@ -7,6 +7,7 @@ see that `bcryptjs` survived.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from vkv.kv.spliced import SplicedCache
@@ -59,6 +60,18 @@ def report_totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "compressed_tokens": tokens,
         "compressed_entries": entries,
         "compressed_ratio": round(tokens / entries, 3) if entries else None,
+    }
+
+
+def storage(path: str | Path, header: dict[str, Any]) -> dict[str, Any]:
+    """How the file stores its segments and what it costs: file bytes per original token the compressed segments
+    stand for (the whole file is counted, verbatim segments included)."""
+    size = Path(path).stat().st_size
+    tokens = report_totals(report_rows(header))["compressed_tokens"]
+    return {
+        "store": header.get("store", "kv"),
+        "file_bytes": size,
+        "bytes_per_original_token": round(size / tokens) if tokens else None,
     }
 
 
