@@ -122,3 +122,25 @@ def test_eviction_with_nearest_mass_carries_the_dropped_tokens(evaluation, name)
     assert int(shared_mass(massed).sum()) == work.span_length and shared_mass(massed).min() >= 1
     result = evaluation.evaluate(get_method(name, mass="nearest"), 3.0)
     assert result["config"]["mass"] == "nearest"
+
+
+@pytest.mark.parametrize("kind, heads", [("am", "shared"), ("am-per-head", "uniform")])
+def test_am_targets_are_the_compacted_entries_and_start_from_kept_tokens(evaluation, kind, heads):
+    from vkv.compress.pooling import block_weights, partition
+    from vkv.compress.targets import build_targets, compaction_targets
+    from vkv.lm.capture import capture_span
+
+    work = evaluation.work
+    acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
+    k = work.budget(3.0)
+    blocks = partition(work.span_length, k)
+    targets = build_targets(
+        work.lm, torch.tensor(work.ids), acts, blocks, block_weights("uniform", blocks, acts.surprisal), kind
+    )
+    keys, values, kept = compaction_targets(work.lm, acts, k, heads)
+    assert torch.equal(targets.keys, keys) and torch.equal(targets.values, values)
+    assert targets.keys.shape == (work.lm.spec.num_layers, work.lm.spec.num_kv_heads, k, work.lm.spec.head_dim)
+    span_keys, _ = work.span_kv()  # every target key is one of the span's own, as the model cached it
+    assert torch.allclose(keys[0, 0, 0], span_keys[0, 0, kept[0]], atol=1e-4) or heads == "uniform"
+    embeddings = work.lm.embed(torch.tensor(work.ids[work.start : work.end])).float()
+    assert torch.equal(targets.pooled_embeddings, embeddings[kept])

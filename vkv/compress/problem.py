@@ -50,7 +50,7 @@ class SpanProblem:
         attention, for the question-aware pooling rule only."""
         start, end = acts.start, acts.end
         kind = target_kind(config.target)
-        if kind.read_out and acts.queries_pre_rope is None:  # one more forward, only when needed
+        if kind.needs_queries and acts.queries_pre_rope is None:  # one more forward, only when needed
             acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
         pooled, pooled_ids = acts, torch.tensor(ids)
         if tokens is not None:

@@ -57,8 +57,10 @@ class MultiTurnConfig:
             )
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
-        if target_kind(self.compress.target).read_out:  # online targets would need queries from the compressed history
-            raise VkvError("target v+attention is not implemented for sequential compression; use v or kv-pre-rope")
+        if target_kind(self.compress.target).needs_queries:  # online targets would need the turn's queries
+            raise VkvError(
+                f"target {self.compress.target} is not implemented for sequential compression; use v or kv-pre-rope"
+            )
         self.compress.optim.validate()
         if self.hybrid is not None:
             self.hybrid.validate()

@@ -21,6 +21,7 @@ class TargetKind:
     keys: str | None = None  # "pre-rope" or "post-rope": pooled keys are matched too, in that frame
     read_out: bool = False  # what reference queries read from the span (needs the span's queries captured)
     order_free: bool = True  # built from which tokens a block holds, not where they sit (hybrid may pool it)
+    compaction: str | None = None  # K and V are attention matching's entries, chosen with this head budget
 
     @property
     def rope_keys(self) -> bool:
@@ -31,6 +32,10 @@ class TargetKind:
     def uses_keys(self) -> bool:
         return self.keys is not None or self.read_out
 
+    @property
+    def needs_queries(self) -> bool:
+        return self.read_out or self.compaction is not None
+
 
 TARGET_KINDS: dict[str, TargetKind] = {
     kind.name: kind
@@ -39,6 +44,10 @@ TARGET_KINDS: dict[str, TargetKind] = {
         TargetKind("kv-pre-rope", keys="pre-rope"),
         TargetKind("kv-post-rope", keys="post-rope", order_free=False),  # the recipe's Failure 2
         TargetKind("v+attention", read_out=True, order_free=False),
+        # slot j matches, per layer and KV head, am's j-th compacted key (post-RoPE) and refitted value (issue 19):
+        # the same kept tokens in every head (what one input embedding per slot can produce), or each head its own
+        TargetKind("am", keys="post-rope", order_free=False, compaction="shared"),
+        TargetKind("am-per-head", keys="post-rope", order_free=False, compaction="uniform"),
     )
 }
 
@@ -112,18 +121,23 @@ def build_targets(
     spec = target_kind(kind)
     values = pool(acts.values, blocks, weights, dim=2)
     keys = key_scale = attention = None
+    with torch.no_grad():
+        span_embeddings = lm.embed(ids[acts.start : acts.end]).float().cpu()
+    pooled_embeddings = pool(span_embeddings, blocks, weights, dim=0)
     if spec.read_out:
         sizes = blocks.sizes()
         log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
         attention = attention_targets(lm, acts, log_mass, attention_queries, attention_weight)
-    if spec.keys is not None:
+    if spec.compaction is not None:
+        keys, values, kept = compaction_targets(lm, acts, blocks.count, spec.compaction)
+        key_scale = _per_layer_variance(keys)
+        pooled_embeddings = span_embeddings[kept]  # each slot starts as the token am keeps there most often
+    elif spec.keys is not None:
         original_keys = acts.keys_pre_rope
         if spec.keys == "post-rope":  # averages keys rotated to different positions
             original_keys = lm.rotate(original_keys, torch.arange(acts.start, acts.end))
         keys = pool(original_keys, blocks, weights, dim=2)
         key_scale = _per_layer_variance(original_keys)
-    with torch.no_grad():
-        span_embeddings = lm.embed(ids[acts.start : acts.end]).float().cpu()
     return Targets(
         kind=kind,
         start=acts.start,
@@ -134,7 +148,7 @@ def build_targets(
         value_scale=_per_layer_variance(acts.values),
         keys=keys,
         key_scale=key_scale,
-        pooled_embeddings=pool(span_embeddings, blocks, weights, dim=0),
+        pooled_embeddings=pooled_embeddings,
         attention=attention,
     )
 
@@ -164,6 +178,26 @@ def attention_targets(
         log_norms.append(scores.logsumexp(-1))
         outputs.append(scores.softmax(-1) @ acts.values[layer])
     return AttentionTargets(torch.stack(queries), torch.stack(outputs), torch.stack(log_norms), log_mass, weight)
+
+
+def compaction_targets(
+    lm: FrozenLM, acts: Activations, k: int, head_budget: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Attention matching's k entries for the span (method `am`'s defaults: top-attention keys, shared bias, refitted
+    values; `head_budget` shared or uniform): keys (post-RoPE) and values `[layers, kv_heads, k, head_dim]`, and per
+    slot the span-relative token kept there by the most heads `[k]`."""
+    from vkv.compress.compaction import SpanReadout, compact
+
+    layers, kv_heads, n, dim = acts.values.shape
+    positions = torch.arange(acts.start, acts.end, dtype=torch.float32)
+    keys = torch.stack([lm.rotate(k.to(lm.device), positions).float().cpu() for k in acts.keys_pre_rope])
+    queries = attention_targets(lm, acts, torch.zeros(1), ATTENTION_QUERIES).queries
+    readout = SpanReadout(
+        queries.reshape(layers * kv_heads, -1, dim), keys.reshape(-1, n, dim), acts.values.reshape(-1, n, dim)
+    )
+    result = compact(readout, k, bias="shared", values="refit", kv_heads=kv_heads, head_budget=head_budget)
+    shape = (layers, kv_heads, k, dim)
+    return result.keys(readout).reshape(shape), result.values.reshape(shape), result.index.mode(dim=0).values
 
 
 def _per_layer_variance(x: torch.Tensor) -> torch.Tensor:
