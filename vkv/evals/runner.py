@@ -43,10 +43,6 @@ class PreparedQuestion:
     prompt: list[int]  # question turn + assistant prompt + answer prefix, continuing the conversation
     choices: list[list[int]]  # each choice's ids as it follows the prompt; choices[0] is correct
 
-    @property
-    def fidelity_ids(self) -> list[int]:
-        return self.prompt + self.choices[0][:-1]
-
 
 @dataclass
 class Measurement:
@@ -105,14 +101,13 @@ class TranscriptEval:
         context = Context(self.lm, spliced)
         results = []
         for pq in questions or self.questions:
-            lps = context.continuation_logprobs(pq.prompt, pq.choices)
-            answer_ids = context.greedy(pq.prompt, self.settings.max_new_tokens)
+            lps, fidelity, answer_ids = context.score(pq.prompt, pq.choices, self.settings.max_new_tokens)
             results.append(
                 Measurement(
                     answer=self.lm.tokenizer.decode(answer_ids, skip_special_tokens=True),
                     choice_logprobs=[float(x.sum()) for x in lps],
                     choice_mean_logprobs=[float(x.mean()) for x in lps],
-                    fidelity_logp=context.next_token_logprobs(pq.fidelity_ids),
+                    fidelity_logp=fidelity,
                 )
             )
         return results

@@ -62,32 +62,42 @@ class Context:
         finally:
             self.rewind(length, position)
 
-    def continuation_logprobs(self, prompt: list[int], continuations: list[list[int]]) -> list[torch.Tensor]:
-        """Per-token log p of each continuation after the prompt `[len(continuation)]` each."""
-        results = []
-        with self.scratch():
-            first = torch.log_softmax(self.feed(prompt)[-1], -1)
-            for cont in continuations:
-                with self.scratch():
-                    rest = torch.log_softmax(self.feed(cont[:-1]), -1) if len(cont) > 1 else first[None][:0]
-                    dists = torch.cat([first[None], rest])
-                    results.append(dists.gather(-1, torch.tensor(cont)[:, None].to(dists.device))[:, 0].cpu())
-        return results
-
     def greedy(self, prompt: list[int], max_new_tokens: int = 24) -> list[int]:
+        with self.scratch():
+            return self._decode(self.feed(prompt)[-1], max_new_tokens)
+
+    def score(
+        self, prompt: list[int], continuations: list[list[int]], max_new_tokens: int
+    ) -> tuple[list[torch.Tensor], torch.Tensor, list[int]]:
+        """What the eval asks of one question, with the prompt fed once: each continuation's per-token log p, the
+        log-distributions `[len(prompt) + len(continuations[0]) - 1, vocab]` after each prompt token and each
+        token of the first continuation but its last, and the greedy answer."""
+        with self.scratch():
+            prompt_logits = self.feed(prompt)
+            prompt_logp = torch.log_softmax(prompt_logits, -1).cpu()
+            after = self._after(prompt_logp[-1], continuations)
+            logprobs = [dists.gather(-1, torch.tensor(c)[:, None])[:, 0] for c, dists in after]
+            fidelity = torch.cat([prompt_logp, after[0][1][1:]])
+            return logprobs, fidelity, self._decode(prompt_logits[-1], max_new_tokens)
+
+    def _after(self, first: torch.Tensor, continuations: list[list[int]]) -> list[tuple[list[int], torch.Tensor]]:
+        """Each continuation with the log-distributions `[len(c), vocab]` before each of its tokens, given `first`,
+        the log-distribution after the context fed so far (each continuation is fed in scratch)."""
+        out = []
+        for cont in continuations:
+            with self.scratch():
+                rest = torch.log_softmax(self.feed(cont[:-1]), -1).cpu() if len(cont) > 1 else first[None][:0]
+            out.append((cont, torch.cat([first[None].cpu(), rest])))
+        return out
+
+    def _decode(self, logits: torch.Tensor, max_new_tokens: int) -> list[int]:
+        """Greedy tokens from `logits` (the next-token scores after the context fed so far); feeds what it makes."""
         stops = self.lm.stop_token_ids()
         generated: list[int] = []
-        with self.scratch():
-            logits = self.feed(prompt)[-1]
-            for _ in range(max_new_tokens):
-                token = int(logits.argmax())
-                if token in stops:
-                    break
-                generated.append(token)
-                logits = self.feed([token])[-1]
+        for _ in range(max_new_tokens):
+            token = int(logits.argmax())
+            if token in stops:
+                break
+            generated.append(token)
+            logits = self.feed([token])[-1]
         return generated
-
-    def next_token_logprobs(self, prompt: list[int]) -> torch.Tensor:
-        """Log-distributions `[len(prompt), vocab]` after each prompt token (for fidelity KL)."""
-        with self.scratch():
-            return torch.log_softmax(self.feed(prompt), -1).cpu()
