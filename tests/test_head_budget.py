@@ -6,7 +6,7 @@ import torch
 from tests.conftest import FIXTURES
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, per_head_index
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.compress.sequential import allocate, message_turns
+from vkv.compress.sequential import message_turns
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.context import Context
 from vkv.kv.file import load_cache, save_cache
@@ -73,17 +73,6 @@ def test_shared_head_budget_is_the_token_selection_of_before(evaluation):
     norms = work.acts.keys_pre_rope.norm(dim=-1).mean(dim=(0, 1))
     expected = torch.topk(-norms, work.budget(3.0)).indices.sort().values + work.start
     assert torch.equal(get_method("knorm").compress(work, 3.0).positions.long(), expected)
-
-
-@pytest.mark.parametrize("name", ["am", "kvzip"])
-def test_anchors_per_turn_compress_each_turn_on_the_running_cache(evaluation, name):
-    work = evaluation.work
-    group = get_method(name, per_turn=True).compress(work, 2.0)
-    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-    assert [s.span for s in group] == [(t.start, t.end) for t in turns]
-    assert [s.entries for s in group] == allocate([t.length for t in turns], 2.0)
-    result = evaluation.evaluate(get_method(name, per_turn=True), 2.0)
-    assert result["compressed_entries"] == work.budget(2.0) and result["optimisation"]["per_turn"]
 
 
 def test_reconstruction_on_a_running_cache_equals_the_pass_on_the_full_context(evaluation):

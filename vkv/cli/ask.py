@@ -15,9 +15,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
     header = read_header(args.cache)
     if args.model is None:
         args.model = header.get("model")
+    transcript = recorded_transcript(args.cache, header, args.transcript)  # refused before any rebuild is run
     lm = load_from_args(args)
     spliced = load_cache(args.cache, lm)
-    transcript = recorded_transcript(args.cache, header, args.transcript)
     rendered = render(transcript, lm.tokenizer)
     prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
     answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)
