@@ -69,13 +69,19 @@ def evaluation(tiny_llama):
 
 @pytest.mark.parametrize(
     "name, options",
-    [("am", {}), ("am", {"selection": "omp", "queries": "both"}), ("kvzip", {}), ("kvzip", {"head_budget": "shared"})],
+    [
+        ("am", {}),
+        ("am", {"selection": "omp", "queries": "both", "head_budget": "uniform"}),
+        ("kvzip", {}),
+        ("kvzip", {"head_budget": "shared"}),
+    ],
 )
 def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, options):
     work = evaluation.work
     segment = get_method(name, **options).compress(work, 3.0)
     layers, kv_heads = work.lm.spec.num_layers, work.lm.spec.num_kv_heads
-    assert segment.keys.shape[:3] == (layers, kv_heads, work.budget(3.0))
+    assert segment.keys.shape[:2] == (layers, kv_heads) and segment.entries >= work.budget(3.0)
+    assert segment.real_entries == pytest.approx(work.budget(3.0))  # adaptive budgets pad; the pads are unreachable
     keys, _ = work.span_kv()
     for layer in range(layers):  # every kept key is one of the span's own, in its own head
         for head in range(kv_heads):

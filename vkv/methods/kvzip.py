@@ -15,7 +15,10 @@ from vkv.methods.eviction import ScorerMethod
 @dataclass
 class KVzip(ScorerMethod):
     name = "kvzip"
-    head_budget: str = "uniform"  # each KV head its own best entries; "shared": the same tokens in every head
+    # AdaKV's split of the layer's budget over its KV heads; "uniform": each head its own best `budget`; "shared": the
+    # same tokens in every head. Chosen on the dev split (evals/RESULTS.md, issue 18): adaptive beat uniform by +0.305
+    # [+0.241, +0.371] retention at 3.2x.
+    head_budget: str = "adaptive"
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         return ReconstructionPass.run(work).scores(work.lm)  # [layers, kv_heads, n]
