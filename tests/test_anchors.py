@@ -95,6 +95,7 @@ def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, 
     assert (loaded.bias is None) == (segment.bias is None) and loaded.kind == segment.kind
     result = evaluation.evaluate(get_method(name, **options), 3.0)
     assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
+    assert result["stored_entries"] == segment.entries  # the padded slots a per-byte comparison must count
 
 
 def test_am_with_every_entry_answers_as_the_full_context_does(evaluation):

@@ -133,6 +133,7 @@ class TranscriptEval:
             measured,
             seconds,
             segment.stats if segment is not None else {},
+            slots=spliced.span_entries(self.start, self.end, padded=True),
         )
 
     def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
@@ -201,9 +202,14 @@ class TranscriptEval:
             self.measure(spliced),
             0.0,
             {},
+            slots=spliced.span_entries(self.start, self.end, padded=True),
         )
 
-    def result(self, name, config, question_aware, ratio, entries, measured, seconds, stats) -> dict[str, Any]:
+    def result(
+        self, name, config, question_aware, ratio, entries, measured, seconds, stats, slots=None
+    ) -> dict[str, Any]:
+        """One run's record; `entries` are the span's real entries per layer and KV head, `slots` what the cache
+        stores for them (more with head-wise budgets' padding; default: `entries`)."""
         span_tokens = self.end - self.start
         questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
         usable = [q for q in questions if not q["weak"]]
@@ -217,6 +223,7 @@ class TranscriptEval:
             "ratio_achieved": round(span_tokens / entries, 4) if entries else None,
             "span_tokens": span_tokens,
             "compressed_entries": entries,
+            "stored_entries": entries if slots is None else slots,
             "seconds": round(seconds, 3),
             "question_aware": question_aware,
             "turns": list(self.turns),

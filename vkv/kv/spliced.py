@@ -62,9 +62,11 @@ class SplicedCache:
         """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
         return self.kv().to_dynamic_cache(lm)
 
-    def span_entries(self, start: int, end: int) -> float:
-        """Entries standing for original tokens inside [start, end) (real ones: head-wise padding not counted)."""
-        return sum(s.real_entries for s in self.segments if start <= s.span[0] and s.span[1] <= end)
+    def span_entries(self, start: int, end: int, padded: bool = False) -> float:
+        """Entries standing for original tokens inside [start, end): real ones, or with `padded` the slots the cache
+        stores (head-wise budgets pad the heads that keep fewer)."""
+        inside = [s for s in self.segments if start <= s.span[0] and s.span[1] <= end]
+        return sum(s.entries if padded else s.real_entries for s in inside)
 
     def table(self) -> list[dict[str, Any]]:
         return [s.row() for s in self.segments]
