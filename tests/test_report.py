@@ -76,6 +76,7 @@ def sweep_dir(tmp_path):
         line("t1", "truncate", 2.0, [False, True, False]),
         line("v1", "vkv", 2.0, [False] * 3),
     ]  # duplicate id
+    lines1[2]["result"]["stored_entries"] = 80  # truncate's 50 real entries in 80 slots (as if padded per head)
     (tmp_path / "results.rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines0))
     (tmp_path / "results.rank1.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines1) + '{"run_id": "x", "re')
     (tmp_path / "errors.jsonl").write_text(
@@ -101,6 +102,8 @@ def test_rows_pool_results_per_variant_and_ratio(sweep_dir):
     assert table[("vkv pooling=surprisal", 2.0)]["keyword_accuracy"] == pytest.approx(1.0)
     assert table[("vkv pooling=surprisal", 4.0)]["final_loss"] == pytest.approx(1.0)
     assert table[("truncate", 2.0)]["ratio_achieved"] == pytest.approx(2.0)
+    assert table[("truncate", 2.0)]["ratio_stored"] == pytest.approx(100 / 80)
+    assert table[("vkv pooling=uniform", 2.0)]["ratio_stored"] is None  # not recorded: unknown, not guessed
     assert list(table)[:2] == [("full", None), ("none", None)]
     cols, names, grid = per_question(results)
     assert names[-1] == "t@turns1-3 / q2"  # the question that fails most often comes last
@@ -118,7 +121,7 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
-    assert "| vkv pooling=surprisal | 2.0 | 2.00 | 1 | 3 | 0 | 1.000 |" in md
+    assert "| vkv pooling=surprisal | 2.0 | 2.00 | — | 1 | 3 | 0 | 1.000 |" in md
     assert "7 finished runs" in md and "## Failed runs" in md
     # per transcript: retention of vkv pooling=surprisal at 2× is (1 + 1 + 1) / 3, choice accuracy 1
     assert "| vkv pooling=surprisal | 2.0 | 1.000 / 1.00 |" in md and "| method | ratio | t |" in md

@@ -25,12 +25,15 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
         usable = [q for q in questions if not q["weak"]]
         span = sum(r["span_tokens"] for r in rs)
         entries = sum(r["compressed_entries"] for r in rs)
+        # What the cache stores (head-wise budgets pad): known only if every run recorded it (runs before a9da539 did not)
+        stored = sum(r["stored_entries"] for r in rs) if all("stored_entries" in r for r in rs) else None
         rows.append(
             {
                 "transcript": transcript,
                 "method": method,
                 "ratio_requested": ratio,
                 "ratio_achieved": round(span / entries, 3) if entries else None,
+                "ratio_stored": round(span / stored, 3) if stored else None,
                 "windows": len(rs),
                 "questions": len(questions),
                 "weak": len(questions) - len(usable),

@@ -221,6 +221,7 @@ COLUMNS = (  # (header, row key, format)
     ("method", "variant", "s"),
     ("ratio", "ratio_requested", ".1f"),
     ("achieved", "ratio_achieved", ".2f"),
+    ("stored", "ratio_stored", ".2f"),
     ("runs", "runs", "d"),
     ("questions", "questions", "d"),
     ("weak", "weak", "d"),
@@ -531,7 +532,9 @@ def markdown(
         "",
         "Pooled over windows, questions and seeds. 95% intervals come from a bootstrap that resamples windows (the "
         "questions of one window are not independent). `compress s`: the method's own time per run; `run s`: wall "
-        "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU.",
+        "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU; "
+        "`achieved`: span tokens per real entry; `stored`: span tokens per slot the cache stores (lower when "
+        "head-wise budgets pad; — for runs that did not record it).",
         "",
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",
