@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from tests.conftest import FIXTURES
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, per_head_index
@@ -63,7 +64,13 @@ def test_adaptive_heads_keep_the_ratio_and_padding_is_never_attended(evaluation,
     spliced = SplicedCache(meta={"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
     spliced.append(segment)
     save_cache(spliced, tmp_path / "c.safetensors")
-    assert torch.equal(load_cache(tmp_path / "c.safetensors", work.lm).segments[0].bias, segment.bias)
+    loaded = load_cache(tmp_path / "c.safetensors", work.lm).segments[0]
+    assert torch.equal(loaded.bias, segment.bias)
+    assert torch.equal(loaded.keys, segment.keys) and torch.equal(loaded.values, segment.values)
+    # the file holds the real entries only: fewer bytes than the padded K/V alone
+    with safe_open(str(tmp_path / "c.safetensors"), framework="pt") as f:
+        assert f.get_slice("segments.0.keys_real").get_shape()[0] == int(torch.isfinite(segment.bias).sum())
+    assert (tmp_path / "c.safetensors").stat().st_size < 2 * segment.keys.numel() * 4
     result = evaluation.evaluate(method, 3.0)
     assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
 

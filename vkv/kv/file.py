@@ -19,8 +19,8 @@ from vkv.kv.spliced import SplicedCache
 if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
 
-FORMAT_VERSION = 2  # 2: per-layer, per-KV-head `bias` tensors; 1 (still read): a shared `mass` per entry
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3  # 3: padded segments stored flat; 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
+READABLE_VERSIONS = (1, 2, 3)
 STORES = ("kv", "embeddings")  # the header's `store` (absent: kv); embeddings: no K/V, rebuilt at load
 
 
@@ -63,7 +63,9 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        if store == "kv":
+        if store == "kv" and seg.real_entries != seg.entries:
+            tensors.update(_flat(seg, i))
+        elif store == "kv":
             tensors[f"segments.{i}.keys"] = seg.keys.contiguous().cpu()
             tensors[f"segments.{i}.values"] = seg.values.contiguous().cpu()
         elif seg.kind == "verbatim":
@@ -71,7 +73,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         tensors[f"segments.{i}.positions"] = seg.positions.float().contiguous().cpu()
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
-        if seg.bias is not None:
+        if seg.bias is not None and f"segments.{i}.real" not in tensors:
             tensors[f"segments.{i}.bias"] = seg.bias.float().contiguous().cpu()
     header = {
         "format_version": FORMAT_VERSION,
@@ -86,6 +88,41 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
     }
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
+
+
+def _flat(seg: Segment, i: int) -> dict[str, torch.Tensor]:
+    """A padded segment (head-wise budgets: −inf-bias slots) as its real entries only, so that the file's bytes
+    follow the real ratio: `real` `[layers, kv_heads, entries]` bool, `keys_real`/`values_real` `[real, head_dim]`
+    and `bias_real` `[real]` in (layer, head, slot) order. Loading pads again with copies of each head's first
+    entry, which attention never reaches (−inf bias)."""
+    real = torch.isfinite(seg.bias).cpu()
+    return {
+        f"segments.{i}.real": real,
+        f"segments.{i}.keys_real": seg.keys.cpu()[real].contiguous(),
+        f"segments.{i}.values_real": seg.values.cpu()[real].contiguous(),
+        f"segments.{i}.bias_real": seg.bias.float().cpu()[real].contiguous(),
+    }
+
+
+def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
+    """Inverse of `_flat`, in place: `segments.{i}.keys`, `values` and `bias` padded to `real`'s shape."""
+    real = tensors.pop(f"segments.{i}.real").bool()
+    flat = {name: tensors.pop(f"segments.{i}.{name}_real", None) for name in ("keys", "values", "bias")}
+    counts = real.sum(-1, keepdim=True) if real.dim() == 3 else None
+    if (
+        counts is None
+        or not bool((real == (torch.arange(real.shape[-1]) < counts)).all())  # each head: real slots first
+        or not bool((counts > 0).all())
+        or any(t is None or t.shape[0] != int(counts.sum()) for t in flat.values())
+    ):
+        raise VkvError(f"{where}.real: a padded segment's real-entry mask and flat tensors do not agree")
+    for name in ("keys", "values"):
+        padded = flat[name].new_empty(*real.shape, flat[name].shape[-1])
+        padded[real] = flat[name]
+        tensors[f"segments.{i}.{name}"] = torch.where(real[..., None], padded, padded[:, :, :1])
+    bias = torch.full(real.shape, float("-inf"))
+    bias[real] = flat["bias"]
+    tensors[f"segments.{i}.bias"] = bias
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
@@ -151,6 +188,8 @@ def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
 
 
 def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Segment:
+    if f"segments.{i}.real" in tensors:
+        _unflat(tensors, i, f"{path}: field segments[{i}]")
     try:
         keys, values, positions = (tensors[f"segments.{i}.{name}"] for name in ("keys", "values", "positions"))
     except KeyError as exc:

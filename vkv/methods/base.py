@@ -73,24 +73,27 @@ class SpanWork:
     ) -> Segment:
         """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
         own entries), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
-        `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets), slots that are False are
-        padding, masked by a bias of −inf. Entry j's position is the mean original position of the j-th real
-        entries of every head."""
+        `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets: each head's real slots
+        first), slots that are False are padding, copies of the head's first entry masked by a bias of −inf.
+        Entry j's position is the mean original position of the j-th real entries of every head."""
         from vkv.compress.head_budget import MASKED
 
         keys, span_values = self.span_kv()
         gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+        kept_keys = keys.gather(2, gather)
         kept_values = span_values.gather(2, gather) if values is None else values
         if real is None:
             positions = index.float().mean(dim=(0, 1))
         else:
             bias = (torch.zeros(index.shape) if bias is None else bias).masked_fill(~real, MASKED)
+            # padding is a copy of its head's first entry, as cache files restore it (kv/file.py)
+            kept_keys, kept_values = (torch.where(real[..., None], t, t[:, :, :1]) for t in (kept_keys, kept_values))
             positions = (index * real).sum(dim=(0, 1)) / real.sum(dim=(0, 1)).clamp_min(1)
             stats["head_budget_slots"] = index.shape[-1]  # physical slots per head; the rest of the row is padding
         return Segment(
             "compact",
             (self.start, self.end),
-            keys.gather(2, gather),
+            kept_keys,
             kept_values,
             positions.float() + self.start,
             bias=bias,
