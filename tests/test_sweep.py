@@ -170,7 +170,10 @@ def test_run_ids_are_stable_and_shards_partition_the_grid(tmp_path):
     assert len(set(ids)) == len(ids) and [r.id for r in plan(experiment, "cpu")] == ids
     shards = [{r.id for r in take_shard(runs, i, 2)} for i in range(2)]
     assert shards[0] | shards[1] == set(ids) and not shards[0] & shards[1]
-    assert abs(len(shards[0]) - len(shards[1])) <= 1
+    per_unit = {r.unit.label: sum(s.unit.label == r.unit.label for s in runs) for r in runs}
+    assert len(per_unit) >= 2 and abs(len(shards[0]) - len(shards[1])) <= max(per_unit.values())
+    for unit in per_unit:  # a window's runs (and so its references) belong to one shard
+        assert sum(any(r.id in shard for r in runs if r.unit.label == unit) for shard in shards) == 1
     three = [{r.id for r in take_shard(runs, i, 3)} for i in range(3)]
     assert set().union(*three) == set(ids) and sum(map(len, three)) == len(ids)
 

@@ -164,6 +164,16 @@ def parse_shard(text: str | None) -> tuple[int, int]:
 
 
 def take_shard(runs: list[Run], i: int, n: int) -> list[Run]:
-    """Shard i of n: every n-th run id in sorted order, so shards are disjoint, cover the grid and differ by ≤ 1."""
-    mine = set(sorted(r.id for r in runs)[i::n])
+    """Shard i of n: whole windows (every run of a model and unit), so that each window's full and none references
+    are computed by one shard only; the largest windows first, each to the shard with the fewest runs so far. Shards
+    are disjoint, cover the grid and differ by at most one window's runs."""
+    units: dict[tuple, list[str]] = {}
+    for r in runs:
+        units.setdefault((r.group, r.unit.label), []).append(r.id)
+    load, mine = [0] * n, set()
+    for _unit_key, ids in sorted(units.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shard = load.index(min(load))
+        load[shard] += len(ids)
+        if shard == i:
+            mine.update(ids)
     return [r for r in runs if r.id in mine]
