@@ -3,11 +3,13 @@
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import save_file
 
 from tests.conftest import FIXTURES
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, per_head_index
 from vkv.compress.reconstruction import ReconstructionPass
 from vkv.compress.sequential import message_turns
+from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.context import Context
 from vkv.kv.file import load_cache, save_cache
@@ -71,6 +73,12 @@ def test_adaptive_heads_keep_the_ratio_and_padding_is_never_attended(evaluation,
     with safe_open(str(tmp_path / "c.safetensors"), framework="pt") as f:
         assert f.get_slice("segments.0.keys_real").get_shape()[0] == int(torch.isfinite(segment.bias).sum())
     assert (tmp_path / "c.safetensors").stat().st_size < 2 * segment.keys.numel() * 4
+    with safe_open(str(tmp_path / "c.safetensors"), framework="pt") as f:  # a flat file whose tensors disagree
+        tensors, header = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["segments.0.keys_real"] = tensors["segments.0.keys_real"][1:]
+    save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=header)
+    with pytest.raises(VkvError, match=r"segments\[0\]\.real: a padded segment"):
+        load_cache(tmp_path / "bad.safetensors", work.lm)
     result = evaluation.evaluate(method, 3.0)
     assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
 

@@ -63,7 +63,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        if store == "kv" and seg.real_entries != seg.entries:
+        if store == "kv" and seg.real_entries != seg.entries and _real_slots_first(seg.bias):
             tensors.update(_flat(seg, i))
         elif store == "kv":
             tensors[f"segments.{i}.keys"] = seg.keys.contiguous().cpu()
@@ -90,6 +90,13 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
 
 
+def _real_slots_first(bias: torch.Tensor) -> bool:
+    """Whether every head's reachable (finite-bias) slots come before its padding, as `_unflat` restores them."""
+    real = torch.isfinite(bias)
+    counts = real.sum(-1, keepdim=True)
+    return bool((counts > 0).all()) and bool((real == (torch.arange(real.shape[-1]) < counts)).all())
+
+
 def _flat(seg: Segment, i: int) -> dict[str, torch.Tensor]:
     """A padded segment (head-wise budgets: −inf-bias slots) as its real entries only, so that the file's bytes
     follow the real ratio: `real` `[layers, kv_heads, entries]` bool, `keys_real`/`values_real` `[real, head_dim]`
@@ -108,12 +115,11 @@ def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
     """Inverse of `_flat`, in place: `segments.{i}.keys`, `values` and `bias` padded to `real`'s shape."""
     real = tensors.pop(f"segments.{i}.real").bool()
     flat = {name: tensors.pop(f"segments.{i}.{name}_real", None) for name in ("keys", "values", "bias")}
-    counts = real.sum(-1, keepdim=True) if real.dim() == 3 else None
+    bias_of_real = torch.where(real, 0.0, float("-inf"))
     if (
-        counts is None
-        or not bool((real == (torch.arange(real.shape[-1]) < counts)).all())  # each head: real slots first
-        or not bool((counts > 0).all())
-        or any(t is None or t.shape[0] != int(counts.sum()) for t in flat.values())
+        real.dim() != 3
+        or not _real_slots_first(bias_of_real)
+        or any(t is None or t.shape[0] != int(real.sum()) for t in flat.values())
     ):
         raise VkvError(f"{where}.real: a padded segment's real-entry mask and flat tensors do not agree")
     for name in ("keys", "values"):
