@@ -330,6 +330,15 @@ def test_transcript_wildcards_expand_to_the_matching_files_sorted(tmp_path):
         tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['split/*.json', 'MINI']\n[[grid]]\nmethods = ['none']\n"
     )
     assert load_experiment(path).grids[0]["transcripts"] == ["split/a.json", "split/b.json", MINI]
+    absolute = write_toml(  # an absolute pattern, e.g. a TOML kept outside the repository
+        tmp_path / "split",
+        f"[defaults]\nmodel = 'm'\ntranscripts = ['{tmp_path}/split/*.json']\n[[grid]]\nmethods = ['none']\n",
+    )
+    assert load_experiment(absolute).grids[0]["transcripts"] == [f"{tmp_path}/split/{n}.json" for n in "ab"]
+    nested = write_toml(
+        tmp_path / "split", "[defaults]\nmodel = 'm'\ntranscripts = ['../split/*.json']\n[[grid]]\nmethods = ['none']\n"
+    )
+    assert load_experiment(nested).grids[0]["transcripts"] == ["../split/a.json", "../split/b.json"]
     empty = write_toml(
         tmp_path,
         "[defaults]\nmodel = 'm'\ntranscripts = ['nothing/*.json']\n[[grid]]\nmethods = ['none']\n",

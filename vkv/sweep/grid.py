@@ -3,6 +3,7 @@ objects they describe. See `vkv.sweep` for the file format."""
 
 from __future__ import annotations
 
+import glob
 import itertools
 import json
 import os
@@ -79,8 +80,9 @@ def _expand_globs(path: Path, grid: dict) -> dict:
     expanded = []
     for entry in entries if isinstance(entries, list) else [entries]:
         if isinstance(entry, str) and any(c in entry for c in "*?["):
-            base = path.parent
-            matches = sorted(str(m.relative_to(base)) for m in base.glob(entry))
+            base = path.parent  # an absolute pattern stays absolute; a relative one is relative to the TOML
+            found = glob.glob(os.path.join(base, entry))  # each match starts with the pattern's own prefix
+            matches = sorted(m if os.path.isabs(entry) else m[len(str(base)) + 1 :] for m in found)
             if not matches:
                 raise VkvError(f"{path}: field transcripts: '{entry}' matches no file (relative to {base})")
             expanded += matches
