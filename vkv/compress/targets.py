@@ -183,8 +183,9 @@ def attention_targets(
 def compaction_targets(
     lm: FrozenLM, acts: Activations, k: int, head_budget: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Attention matching's k entries for the span (method `am`'s defaults: top-attention keys, shared bias, refitted
-    values; `head_budget` shared or uniform): keys (post-RoPE) and values `[layers, kv_heads, k, head_dim]`, and per
+    """Attention matching's k entries for the span (top-attention keys, shared bias, refitted values from
+    ATTENTION_QUERIES reference queries, as `am` ran when issue 19's lever 1 was measured; `head_budget` shared or
+    uniform): keys (post-RoPE) and values `[layers, kv_heads, k, head_dim]`, and per
     slot the span-relative token kept there by the most heads `[k]`."""
     from vkv.compress.compaction import SpanReadout, compact
 
