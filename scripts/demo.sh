@@ -15,4 +15,4 @@ vkv inspect "$OUT/taskapi.safetensors"
 vkv ask "$OUT/taskapi.safetensors" --model smollm2-135m \
     --question "Which library does the project use for password hashing?" --answer-prefix "The project uses"
 vkv eval "$T" --model smollm2-135m --window 1024 --max-windows 1 --ratio 3.2 \
-    --method full,none,truncate,streaming,snapkv,knorm,meanpool,vkv,longcodezip --json "$OUT/eval.json"
+    --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,longcodezip --json "$OUT/eval.json"
