@@ -34,6 +34,13 @@ class SpanReadout:
     keys: torch.Tensor  # [R, n, D] post-RoPE, as cached
     values: torch.Tensor  # [R, n, D]
 
+    @classmethod
+    def per_head(cls, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> SpanReadout:
+        """Rows from per-head tensors: `queries` `[layers, kv_heads, …, D]` (any number of queries per head),
+        `keys` and `values` `[layers, kv_heads, n, D]`; row r = layer × kv_heads + head."""
+        rows, (n, dim) = keys.shape[0] * keys.shape[1], keys.shape[2:]
+        return cls(queries.reshape(rows, -1, dim), keys.reshape(rows, n, dim), values.reshape(rows, n, dim))
+
     def scores(self) -> torch.Tensor:
         return self.queries @ self.keys.transpose(1, 2)  # [R, m, n]
 

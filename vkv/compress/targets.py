@@ -119,11 +119,9 @@ def build_targets(
     attention_weight: float = 1.0,
 ) -> Targets:
     spec = target_kind(kind)
-    values = pool(acts.values, blocks, weights, dim=2)
     keys = key_scale = attention = None
     with torch.no_grad():
         span_embeddings = lm.embed(ids[acts.start : acts.end]).float().cpu()
-    pooled_embeddings = pool(span_embeddings, blocks, weights, dim=0)
     if spec.read_out:
         sizes = blocks.sizes()
         log_mass = sizes.log() if proportional_attention else torch.zeros_like(sizes)
@@ -132,7 +130,10 @@ def build_targets(
         keys, values, kept = compaction_targets(lm, acts, blocks.count, spec.compaction)
         key_scale = _per_layer_variance(keys)
         pooled_embeddings = span_embeddings[kept]  # each slot starts as the token am keeps there most often
-    elif spec.keys is not None:
+    else:
+        values = pool(acts.values, blocks, weights, dim=2)
+        pooled_embeddings = pool(span_embeddings, blocks, weights, dim=0)
+    if spec.compaction is None and spec.keys is not None:
         original_keys = acts.keys_pre_rope
         if spec.keys == "post-rope":  # averages keys rotated to different positions
             original_keys = lm.rotate(original_keys, torch.arange(acts.start, acts.end))
@@ -193,9 +194,7 @@ def compaction_targets(
     positions = torch.arange(acts.start, acts.end, dtype=torch.float32)
     keys = torch.stack([lm.rotate(k.to(lm.device), positions).float().cpu() for k in acts.keys_pre_rope])
     queries = attention_targets(lm, acts, torch.zeros(1), ATTENTION_QUERIES).queries
-    readout = SpanReadout(
-        queries.reshape(layers * kv_heads, -1, dim), keys.reshape(-1, n, dim), acts.values.reshape(-1, n, dim)
-    )
+    readout = SpanReadout.per_head(queries, keys, acts.values)
     result = compact(readout, k, bias="shared", values="refit", kv_heads=kv_heads, head_budget=head_budget)
     shape = (layers, kv_heads, k, dim)
     return result.keys(readout).reshape(shape), result.values.reshape(shape), result.index.mode(dim=0).values

@@ -63,7 +63,8 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        if store == "kv" and seg.real_entries != seg.entries and _real_slots_first(seg.bias):
+        flat = store == "kv" and seg.real_entries != seg.entries and _real_slots_first(torch.isfinite(seg.bias))
+        if flat:
             tensors.update(_flat(seg, i))
         elif store == "kv":
             tensors[f"segments.{i}.keys"] = seg.keys.contiguous().cpu()
@@ -73,7 +74,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         tensors[f"segments.{i}.positions"] = seg.positions.float().contiguous().cpu()
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
-        if seg.bias is not None and f"segments.{i}.real" not in tensors:
+        if seg.bias is not None and not flat:
             tensors[f"segments.{i}.bias"] = seg.bias.float().contiguous().cpu()
     header = {
         "format_version": FORMAT_VERSION,
@@ -90,9 +91,9 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
 
 
-def _real_slots_first(bias: torch.Tensor) -> bool:
-    """Whether every head's reachable (finite-bias) slots come before its padding, as `_unflat` restores them."""
-    real = torch.isfinite(bias)
+def _real_slots_first(real: torch.Tensor) -> bool:
+    """Whether every head of `real` `[layers, kv_heads, entries]` (bool: reachable slots) has at least one entry and
+    its entries before its padding, as `_unflat` restores them."""
     counts = real.sum(-1, keepdim=True)
     return bool((counts > 0).all()) and bool((real == (torch.arange(real.shape[-1]) < counts)).all())
 
@@ -115,10 +116,9 @@ def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
     """Inverse of `_flat`, in place: `segments.{i}.keys`, `values` and `bias` padded to `real`'s shape."""
     real = tensors.pop(f"segments.{i}.real").bool()
     flat = {name: tensors.pop(f"segments.{i}.{name}_real", None) for name in ("keys", "values", "bias")}
-    bias_of_real = torch.where(real, 0.0, float("-inf"))
     if (
         real.dim() != 3
-        or not _real_slots_first(bias_of_real)
+        or not _real_slots_first(real)
         or any(t is None or t.shape[0] != int(real.sum()) for t in flat.values())
     ):
         raise VkvError(f"{where}.real: a padded segment's real-entry mask and flat tensors do not agree")

@@ -47,9 +47,7 @@ class AttentionMatching(BudgetMethod):
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
         queries = reference_queries(work, self.queries, self.num_queries)
-        readout = SpanReadout(
-            queries.reshape(layers * kv_heads, -1, dim), keys.reshape(-1, n, dim), values.reshape(-1, n, dim)
-        )
+        readout = SpanReadout.per_head(queries, keys, values)
         try:
             result = compact(
                 readout,
