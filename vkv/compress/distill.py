@@ -118,7 +118,7 @@ def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) ->
         input_ids=torch.tensor([ids], device=lm.device),
         position_ids=torch.arange(position, position + n, device=lm.device, dtype=torch.float32)[None],
         attention_mask=lm.causal_mask(context.length, n),
-        past_key_values=cache,
+        **lm.with_cache(cache),
         use_cache=True,
     )
     return torch.log_softmax(out.logits[0].float(), dim=-1)

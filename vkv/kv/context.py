@@ -39,7 +39,7 @@ class Context:
                 input_ids=torch.tensor([ids], device=self.lm.device),
                 position_ids=positions[None],
                 attention_mask=self._mask(n),
-                past_key_values=self.cache,
+                **self.lm.with_cache(self.cache),
                 use_cache=True,
             )
         self.length += n

@@ -46,7 +46,7 @@ def generate(lm: FrozenLM, spliced: SplicedCache, prompt: list[int] | torch.Tens
         out = lm.model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
-            past_key_values=spliced.to_dynamic_cache(lm),
+            **lm.with_cache(spliced.to_dynamic_cache(lm)),
             **generate_kwargs,
         )
     if hasattr(out, "sequences"):

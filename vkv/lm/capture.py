@@ -78,7 +78,7 @@ def capture_span(
     keep_logits = end - start + (1 if start > 0 else 0)
     cache = lm.new_cache() if keep_cache else None
     with torch.no_grad(), projection_hooks(lm, start, end, queries) as store:
-        out = lm.model(input_ids=input_ids, past_key_values=cache, use_cache=keep_cache, logits_to_keep=keep_logits)
+        out = lm.model(input_ids=input_ids, **lm.with_cache(cache), use_cache=keep_cache, logits_to_keep=keep_logits)
     surprisal = _surprisal(out.logits[0], input_ids[0], start, end)
     acts = Activations(
         values=torch.stack(store["values"]),

@@ -6,6 +6,7 @@ lives in this package, so the rest of vkv talks to one small surface.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -53,8 +54,15 @@ class FrozenLM:
             p.requires_grad_(False)
         self.spec = spec_from_config(model.config)
         self.fingerprint = fingerprint(model.config, tokenizer)
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns, then goes)
+        takes = inspect.signature(model.model.forward).parameters
+        self.cache_arg = "cache" if "cache" in takes else "past_key_values"
 
     # ---- what the algorithms need -------------------------------------------------------------
+    def with_cache(self, cache) -> dict[str, Any]:
+        """The keyword argument that hands `cache` to this transformers version's forward and generate."""
+        return {self.cache_arg: cache}
+
     @property
     def config(self):
         return self.model.config
@@ -83,7 +91,7 @@ class FrozenLM:
 
     def decoder(self, ids: torch.Tensor, cache) -> None:
         """The decoder layers only (no LM head) over token ids `[1, n]`, filling `cache`."""
-        self.model.model(input_ids=ids.to(self.device), past_key_values=cache, use_cache=True)
+        self.model.model(input_ids=ids.to(self.device), **self.with_cache(cache), use_cache=True)
 
     def attention_modules(self) -> list[torch.nn.Module]:
         """One self-attention module per layer, in order (each has k_proj and v_proj)."""
@@ -250,7 +258,7 @@ class FrozenLM:
                 mask, b = kwargs.get("attention_mask"), per_layer[layer]
                 if mask is None:  # transformers left causality to the kernel (no padding): spell it out
                     new = kwargs["hidden_states"].shape[1]
-                    cache = kwargs.get("past_key_values")
+                    cache = kwargs.get(self.cache_arg)
                     past = cache.get_seq_length(layer) if cache is not None else 0
                     mask = self.causal_mask(past, new)
                 if mask.dim() != 4:
@@ -322,7 +330,7 @@ class FrozenLM:
                     inputs_embeds=embeds.to(self.device, self.dtype),
                     position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
                     attention_mask=bias.expand(batch, 1, n, prefix.length + n),
-                    past_key_values=recorder,
+                    **self.with_cache(recorder),
                     use_cache=True,
                 )
         except StopForward:

@@ -102,7 +102,7 @@ def reference_losses(
     length, n = prefix.length, embeddings.shape[0]
     lm.model(
         inputs_embeds=embeddings[None].to(lm.device, lm.dtype),
-        past_key_values=cache,
+        **lm.with_cache(cache),
         position_ids=positions.to(lm.device).float()[None],
         attention_mask=lm.causal_mask(length, n),
         use_cache=True,
