@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
-from vkv.compress.compaction import SpanReadout, compact, nnls
+from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import load_cache, save_cache
 from vkv.kv.spliced import SplicedCache
@@ -151,3 +151,20 @@ def test_am_targets_are_the_compacted_entries_and_start_from_kept_tokens(evaluat
     assert torch.allclose(keys[0, 0, 0], span_keys[0, 0, kept[0]], atol=1e-4) or heads == "uniform"
     embeddings = work.lm.embed(torch.tensor(work.ids[work.start : work.end])).float()
     assert torch.equal(targets.pooled_embeddings, embeddings[kept])
+
+
+def test_fit_bias_for_the_spans_own_keys_is_zero_and_for_fewer_keys_beats_its_start():
+    readout = _readout(4)
+    rows, n = readout.keys.shape[:2]
+    own = fit_bias(readout.queries, readout.log_mass(), readout.keys, torch.zeros(rows, n))
+    assert own.abs().max() < 1e-4  # every weight 1 already matches the mass exactly
+    keys = readout.keys[:, ::4]  # 10 entries for 40: log(4) each is the proportional-attention start
+    start = torch.full(keys.shape[:2], 4.0).log()
+
+    def error(beta):
+        mass = (readout.queries @ keys.transpose(1, 2) + beta[:, None, :]).logsumexp(-1)
+        return (mass.exp() / readout.log_mass().exp() - 1).pow(2).sum()
+
+    fitted = fit_bias(readout.queries, readout.log_mass(), keys, start)
+    assert fitted.shape == start.shape and fitted.isfinite().all()
+    assert error(fitted) < 0.5 * error(start)

@@ -139,3 +139,43 @@ def test_a_version_1_file_with_mass_still_loads_as_a_shared_log_bias(tiny_llama,
     save_file(tensors, str(tmp_path / "v3.safetensors"), metadata={"vkv": json.dumps(header)})
     with pytest.raises(VkvError, match="format_version: cache format version 99"):
         load_cache(tmp_path / "v3.safetensors")
+
+
+def test_fitted_biases_give_the_span_back_its_mass_and_survive_an_embeddings_file(tiny_llama, tmp_path):
+    """fit_bias replaces log(block size) by per-layer, per-head biases fitted on the span's own queries: the
+    virtual tokens then draw those queries' mass from the span better than the shared log(block size) does."""
+    from vkv.compress.problem import SpanProblem
+
+    rendered = _rendered(tiny_llama)
+    start, end = rendered.spans[1].start, rendered.spans[3].start
+    config = CompressConfig(ratio=3.0, fit_bias=True, optim=OptimConfig(steps=1))
+    spliced = compress_span(tiny_llama, rendered.ids, start, end, config)
+    virtual = spliced.segments[1]
+    acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end, queries=True)
+    problem = SpanProblem.build(tiny_llama, rendered.ids, acts, virtual.entries, config)
+    readout = problem.readout
+    mass = problem.mass(config)
+    layers, heads, k, dim = virtual.keys.shape
+
+    def error(bias):
+        scores = readout.queries @ virtual.keys.transpose(-1, -2) + bias[:, :, None, :]
+        return (scores.logsumexp(-1) - readout.log_norm).exp().sub(1).pow(2).sum()
+
+    shared = mass.float().log().expand(layers, heads, k)
+    assert virtual.bias.shape == (layers, heads, k) and not torch.allclose(virtual.bias, shared)
+    assert error(virtual.bias) < error(shared)
+    spliced.meta.update({"fingerprint": tiny_llama.fingerprint, "spec": tiny_llama.spec.to_dict()})
+    save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=rendered.ids)
+    loaded = load_cache(tmp_path / "e.safetensors", tiny_llama)
+    torch.testing.assert_close(loaded.attention_bias(), spliced.attention_bias())
+
+
+def test_fit_bias_with_hybrid_is_refused_not_approximated(tiny_llama):
+    from vkv.compress.problem import SpanProblem
+
+    rendered = _rendered(tiny_llama)
+    start, end = rendered.spans[1].start, rendered.spans[3].start
+    acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end)
+    config = CompressConfig(ratio=3.0, fit_bias=True)
+    with pytest.raises(VkvError, match="fit_bias is not implemented"):
+        SpanProblem.build(tiny_llama, rendered.ids, acts, 4, config, tokens=torch.arange(0, end - start, 2))

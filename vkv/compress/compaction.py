@@ -144,6 +144,16 @@ def nnls(a: torch.Tensor, iterations: int = 300, start: torch.Tensor | None = No
     return w
 
 
+def fit_bias(
+    queries: torch.Tensor, log_mass: torch.Tensor, keys: torch.Tensor, start: torch.Tensor, iterations: int = 300
+) -> torch.Tensor:
+    """β `[R, t]` for any t entries with `keys` `[R, t, D]` standing for a span whose mass for `queries` `[R, m, D]`
+    is exp(`log_mass`) `[R, m]`: w = exp(β) ≥ 0 by NNLS so that Σ_j w_j exp(q·k_j) ≈ the span's mass for every query,
+    starting from w = exp(`start`) `[R, t]`. (In float64: a key far louder than the span would overflow float32.)"""
+    a = (queries.double() @ keys.double().transpose(1, 2) - log_mass.double()[..., None]).clamp_max(80.0).exp()
+    return nnls(a, iterations, start.double().exp()).clamp_min(1e-12).log().float()
+
+
 def mass_error(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """‖A w − 1‖² per row batch `[R]`."""
     return ((a @ w[..., None])[..., 0] - 1.0).pow(2).sum(-1)
@@ -151,7 +161,7 @@ def mass_error(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def largest_eigenvalue(gram: torch.Tensor, steps: int = 30) -> torch.Tensor:
     """Power iteration on symmetric positive semi-definite `[R, t, t]` → `[R]`, rounded up by 1% (a safe step)."""
-    v = torch.ones(gram.shape[:2]) / gram.shape[1] ** 0.5
+    v = torch.ones(gram.shape[:2], dtype=gram.dtype) / gram.shape[1] ** 0.5
     for _ in range(steps):
         v = (gram @ v[..., None])[..., 0]
         v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)

@@ -52,6 +52,12 @@ class CompressConfig:
         True, "later queries add log(tokens per virtual token) to their attention logits"
     )
     # (evals/RESULTS.md stage 1: retention 0.372 → 0.477 at 3.2×, better on three of four transcripts)
+    fit_bias: bool = setting(
+        False,
+        "after the embeddings, fit one bias per layer, KV head and virtual token so that the span's own queries give "
+        "the virtual tokens the attention mass they gave the span (am's non-negative least squares, started from "
+        "the proportional-attention bias)",
+    )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 

@@ -12,12 +12,17 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.blocks import span_blocks
+from vkv.compress.compaction import fit_bias
 from vkv.compress.config import CompressConfig
 from vkv.compress.pooling import Blocks, block_weights
 from vkv.compress.positions import virtual_positions
-from vkv.compress.targets import Targets, build_targets, target_kind
+from vkv.compress.targets import AttentionTargets, Targets, attention_targets, build_targets, target_kind
+from vkv.errors import VkvError
+from vkv.kv.segment import mass_bias
 from vkv.lm.capture import Activations, capture_span
 from vkv.lm.frozen import FrozenLM
+
+BIAS_QUERIES = 512  # reference queries per head for fit_bias: am's count (512 beat 128 for am on the dev split)
 
 
 @dataclass
@@ -28,6 +33,7 @@ class SpanProblem:
     weights: torch.Tensor  # [pooled tokens] pooling weights, summing to 1 within each block
     targets: Targets
     positions: torch.Tensor  # [k] float32 logical positions
+    readout: AttentionTargets | None = None  # the span's own queries and the mass they give it, for fit_bias
 
     @property
     def k(self) -> int:
@@ -50,7 +56,9 @@ class SpanProblem:
         attention, for the question-aware pooling rule only."""
         start, end = acts.start, acts.end
         kind = target_kind(config.target)
-        if kind.needs_queries and acts.queries_pre_rope is None:  # one more forward, only when needed
+        if config.fit_bias and tokens is not None:
+            raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
+        if (kind.needs_queries or config.fit_bias) and acts.queries_pre_rope is None:  # one more forward, if needed
             acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
         pooled, pooled_ids = acts, torch.tensor(ids)
         if tokens is not None:
@@ -72,8 +80,22 @@ class SpanProblem:
         )
         token_positions = torch.arange(start, end) if tokens is None else start + tokens
         positions = virtual_positions(config.positions, start, end, k, blocks.centres(token_positions))
-        return cls(blocks, weights, targets, positions)
+        readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if config.fit_bias else None
+        return cls(blocks, weights, targets, positions, readout)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
         return self.blocks.sizes() if config.proportional_attention else None
+
+    def bias(self, config: CompressConfig, keys: torch.Tensor) -> torch.Tensor | None:
+        """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
+        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention, fitted with fit_bias."""
+        mass = self.mass(config)
+        layers, kv_heads, k, dim = keys.shape
+        start = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
+        if self.readout is None:
+            return None if mass is None else start
+        rows = layers * kv_heads
+        queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
+        fitted = fit_bias(queries, log_mass, keys.float().cpu().reshape(rows, k, dim), start.reshape(rows, k))
+        return fitted.reshape(layers, kv_heads, k)

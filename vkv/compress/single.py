@@ -20,7 +20,7 @@ from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.rebuild import virtual_kv
-from vkv.kv.segment import Segment, mass_bias
+from vkv.kv.segment import Segment
 from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
@@ -60,9 +60,7 @@ def virtual_segment(
             "trace": trace,
         }
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
-    mass = problem.mass(config)
-    bias = None if mass is None else mass_bias(mass, *keys.shape[:2])
-    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias)
+    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, problem.bias(config, keys))
 
 
 def compress_span(
