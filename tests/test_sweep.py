@@ -98,6 +98,16 @@ def test_bad_configs_fail_with_one_sentence_naming_file_and_field(tmp_path, body
     assert str(path) in str(info.value)
 
 
+def test_the_printed_error_keeps_brackets_rich_would_read_as_markup(tmp_path, capsys):
+    from vkv.cli import main
+
+    path = write_toml(
+        tmp_path, "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\n[[grid]]\nmethods = ['full']\nbogus = 1\n"
+    )
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out"), "--dry-run"]) == 2
+    assert "[[grid]] #1: unknown key 'bogus'" in " ".join(capsys.readouterr().err.split())
+
+
 def test_bad_option_values_are_caught_when_planning(tmp_path):
     path = write_toml(
         tmp_path,

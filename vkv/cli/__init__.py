@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from rich.markup import escape
+
 from vkv.cli import ask, chat, compress, inspect, models, prune, render, sweep, tools, validate
 from vkv.cli import eval as eval_command
 from vkv.cli.common import errors
@@ -37,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except VkvError as exc:
-        errors.print(f"[bold red]error:[/] {exc}", highlight=False)
+        errors.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # a path or [[grid]] is not markup
         return 2
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")

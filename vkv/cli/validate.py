@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
 from rich.table import Table
 
 from vkv.cli.common import add_model_args, console, load_from_args
@@ -30,9 +31,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.model and checked:
         warnings += _validate_with_model(args, checked)
     for w in warnings:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     for p in problems:
-        console.print(f"[bold red]problem:[/] {p}", highlight=False)
+        console.print(f"[bold red]problem:[/] {escape(p)}", highlight=False)
     console.print(f"{len(args.transcripts)} transcript(s): {len(problems)} problem(s), {len(warnings)} warning(s)")
     return 1 if problems else 0
 
