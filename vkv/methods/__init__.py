@@ -12,6 +12,7 @@ from vkv.methods.kvzip import KVzip
 from vkv.methods.lamr import LaMRMethod
 from vkv.methods.longcodezip import LongCodeZipMethod
 from vkv.methods.none import NoContext
+from vkv.methods.reuse import Reuse
 from vkv.methods.sequential import Sequential
 from vkv.methods.snapkv import SnapKV
 from vkv.methods.streaming import Streaming
@@ -36,6 +37,7 @@ METHODS: dict[str, type[Method]] = {
 }
 METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)
 METHODS[LaMRMethod.name] = LaMRMethod  # needs a trained checkpoint (issue 8)
+METHODS[Reuse.name] = Reuse  # a compressed turn carried onto a history compressed again (issue 19, lever 5)
 
 
 def get_method(name: str, **options) -> Method:

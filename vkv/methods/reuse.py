@@ -1,0 +1,133 @@
+"""Re-use of a compressed turn on a history that changed under it (issue 19, lever 5).
+
+The span's last message is compressed by `method` with the uncompressed history in view, as a running cache does
+when the message ends. Later the history is compressed again (everything of the span before that message, by
+`history` at `history_ratio`: a session moved, an old turn squeezed harder), and the message's entries join the
+new history without being compressed again:
+
+- `carry = "reencode"`: virtual tokens' embeddings run once more on top of the new history (their K/V follow it);
+- `carry = "as-is"`: the entries spliced exactly as they were computed (K/V that saw the old history);
+- `carry = "fresh"`: the upper bound, the message's tokens fed on the new history and compressed there (methods
+  with a budget only: what per-turn compression does).
+
+`history = "verbatim"` keeps the history as it was, so `reencode` and `as-is` must agree there (a test).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vkv.compress.config import CompressConfig
+from vkv.errors import VkvError
+from vkv.kv.rebuild import virtual_kv
+from vkv.kv.segment import Segment, SegmentGroup
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.capture import Activations
+from vkv.methods.base import BudgetMethod, Method, SpanWork
+
+CARRIES = ("reencode", "as-is", "fresh")
+
+
+@dataclass
+class Reuse(Method):
+    """The span's last message compressed by `method` on the full history, carried onto the rest of the span
+    compressed again by `history` at `history_ratio` (re-encoded, as it was, or compressed afresh there)."""
+
+    name = "reuse"
+    method: str = "vkv"  # what compresses the carried (last) message, at the run's ratio
+    carry: str = "reencode"  # "reencode" (virtual tokens only), "as-is" or "fresh" (methods with a budget only)
+    history: str = "am"  # what compresses the rest of the span afterwards, or "verbatim" (the history unchanged)
+    history_ratio: float = 4.8
+    recipe: CompressConfig | None = None  # for a virtual-token `method`: its recipe (None: the defaults)
+
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> SegmentGroup:
+        self.check()
+        split = _last_message_start(work)
+        history = self._compress_history(replace(work, end=split, acts=_slice(work.acts, work.start, split)))
+        cache = work.prefix_cache()
+        for segment in history:
+            cache.append(segment)
+        carried_work = replace(work, start=split, acts=_slice(work.acts, split, work.end))
+        if self.carry == "fresh":
+            from vkv.compress.sequential import message_turns
+            from vkv.methods.turns import TurnWork
+
+            turn = message_turns(work.message_starts, work.message_roles, split, work.end)[0]
+            turn_work = TurnWork.on_cache(work, cache, turn)
+            carried = self._method().compress_to(turn_work, turn_work.budget(ratio))
+        else:
+            carried = self._method().compress(carried_work, ratio, on_step)
+            if self.carry == "reencode":
+                carried = _reencoded(work, carried, cache)
+        stats = {"history": self.history, "history_ratio": self.history_ratio, "carry": self.carry, "split": split}
+        return SegmentGroup([*history, carried], stats)
+
+    def check(self) -> None:
+        from vkv.methods import METHODS
+
+        for field, value in (("method", self.method), ("history", self.history)):
+            if value not in METHODS and not (field == "history" and value == "verbatim"):
+                raise VkvError(f"reuse: field {field}: unknown method '{value}'")
+        if self.carry not in CARRIES:
+            raise VkvError(f"reuse: field carry: unknown value '{self.carry}'; choose one of {', '.join(CARRIES)}")
+        if self.carry == "fresh" and not issubclass(METHODS[self.method], BudgetMethod):
+            raise VkvError(
+                f"reuse: carry 'fresh' is implemented for methods with a budget (am, kvzip, knorm, …), not "
+                f"'{self.method}'"
+            )
+        if not self.history_ratio >= 1:
+            raise VkvError(f"reuse: field history_ratio: a ratio is a number ≥ 1, got {self.history_ratio}")
+
+    def _method(self) -> Method:
+        from vkv.methods import get_method
+
+        return get_method(self.method, recipe=self.recipe)
+
+    def _compress_history(self, work: SpanWork) -> list[Segment]:
+        if self.history == "verbatim":
+            return [work.keep(list(range(work.span_length)))]
+        from vkv.methods import get_method
+
+        result = get_method(self.history).compress(work, self.history_ratio)
+        if result is None:
+            return []
+        return list(result) if isinstance(result, SegmentGroup) else [result]
+
+    def config(self) -> dict:
+        recipe = (self.recipe or CompressConfig()).to_dict() if self.method in ("vkv", "meanpool") else None
+        fields = {k: v for k, v in super().config().items() if k != "recipe"}
+        return fields | {"recipe": recipe}
+
+
+def _last_message_start(work: SpanWork) -> int:
+    """Where the span's last message starts; refused when the span holds one message only."""
+    starts = [s for s in work.message_starts if work.start < s < work.end]
+    if not starts:
+        raise VkvError(
+            f"reuse: the span [{work.start}, {work.end}) holds one message; it needs a history before the message "
+            "it carries (choose a window of two or more messages)"
+        )
+    return starts[-1]
+
+
+def _slice(acts: Activations, start: int, end: int) -> Activations:
+    """The activations of [start, end) ⊆ [acts.start, acts.end)."""
+    lo, hi = start - acts.start, end - acts.start
+    queries = None if acts.queries_pre_rope is None else acts.queries_pre_rope[:, :, lo:hi]
+    return Activations(
+        acts.values[:, :, lo:hi], acts.keys_pre_rope[:, :, lo:hi], acts.surprisal[lo:hi], start, end, queries
+    )
+
+
+def _reencoded(work: SpanWork, segment: Segment, history: SplicedCache) -> Segment:
+    """A virtual segment's embeddings run once more at their positions on top of `history`."""
+    if segment.kind != "virtual" or segment.embeddings is None:
+        raise VkvError(
+            f"reuse: carry 'reencode' needs virtual tokens (their embeddings); '{segment.kind}' entries have none: "
+            "use carry 'as-is' or 'fresh'"
+        )
+    lm = work.lm
+    keys, values = virtual_kv(lm, segment.embeddings, segment.positions, history.kv().to(lm.device, lm.dtype))
+    return Segment(
+        "virtual", segment.span, keys, values, segment.positions, segment.embeddings, segment.stats, segment.bias
+    )
