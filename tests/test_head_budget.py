@@ -6,7 +6,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import FIXTURES
-from vkv.compress.head_budget import ADAKV_SAFEGUARD, per_head_index
+from vkv.compress.config import CompressConfig
+from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
+from vkv.compress.optimise import OptimConfig
 from vkv.compress.reconstruction import ReconstructionPass
 from vkv.compress.sequential import message_turns
 from vkv.errors import VkvError
@@ -130,3 +132,49 @@ def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_
     assert "--option selection: none of the methods knorm has it" in capsys.readouterr().err
     assert main([*argv, "--option", "per_turn=maybe"]) == 2
     assert "--option per_turn=maybe: expected a bool" in capsys.readouterr().err
+
+
+def test_masking_per_head_keeps_each_heads_share_and_its_total_weight():
+    g = torch.Generator().manual_seed(3)
+    scores, bias = torch.rand(2, 3, 12, generator=g), torch.rand(2, 3, 12, generator=g).log1p()
+    for rule in ("uniform", "adaptive"):
+        masked = mask_per_head(scores, bias, 4, rule)
+        kept = torch.isfinite(masked)
+        assert int(kept.sum()) == 2 * 3 * 4 and kept.sum(-1).min() >= 1
+        if rule == "uniform":
+            assert bool((kept.sum(-1) == 4).all())
+            assert torch.equal(kept, torch.zeros_like(kept).scatter_(-1, scores.topk(4, -1).indices, True))
+        torch.testing.assert_close(masked.logsumexp(-1), bias.logsumexp(-1))
+
+
+@pytest.mark.parametrize("rule", ["uniform", "adaptive"])
+def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_embeddings_file(
+    evaluation, tmp_path, rule
+):
+    """Twice the budget's virtual tokens, each KV head attending to its share: the ratio counts what heads reach."""
+    work = evaluation.work
+    recipe = CompressConfig(head_share=rule, oversample=2.0, optim=OptimConfig(steps=1))
+    segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
+    budget = work.budget(3.0)
+    assert segment.kind == "virtual" and segment.entries == min(work.span_length, 2 * budget)
+    assert segment.real_entries == pytest.approx(budget)
+    spliced = evaluation.splice(segment)
+    spliced.meta.update({"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
+    save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)
+    loaded = load_cache(tmp_path / "e.safetensors", work.lm)
+    assert torch.equal(loaded.attention_bias(), spliced.attention_bias())
+    result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
+    assert result["compressed_entries"] == pytest.approx(budget)
+    assert result["stored_entries"] == min(work.span_length, 2 * budget)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"head_share": "uniform", "oversample": 1.0}, "field oversample: must be > 1"),
+        ({"head_share": "greedy"}, "field head_share: unknown value"),
+    ],
+)
+def test_head_wise_virtual_budgets_refuse_settings_that_do_nothing(options, message):
+    with pytest.raises(VkvError, match=message):
+        CompressConfig(**options).validate()

@@ -11,6 +11,7 @@ from vkv.errors import VkvError
 from vkv.settings import from_dict, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
+HEAD_SHARES = ("all", "uniform", "adaptive")  # which virtual tokens each KV head attends to (compress/head_budget.py)
 
 
 def _pooling_rules():
@@ -58,6 +59,16 @@ class CompressConfig:
         "the virtual tokens the attention mass they gave the span (am's non-negative least squares, started from "
         "the proportional-attention bias)",
     )
+    head_share: str = setting(
+        "all",
+        "all: every KV head attends to every virtual token; uniform / adaptive: optimise `oversample` times the "
+        "budget's virtual tokens, then each KV head attends only to its share of the budget (the ones the span's own "
+        "queries attend to most; uniform: the same count per head, adaptive: AdaKV's split), the rest masked",
+        HEAD_SHARES,
+    )
+    oversample: float = setting(
+        2.0, "with head_share uniform or adaptive (unused with all): virtual tokens optimised per entry of the budget"
+    )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
@@ -72,11 +83,14 @@ class CompressConfig:
             ("positions", self.positions, POSITION_SCHEMES),
             ("target", self.target, TARGET_KINDS),
             ("boundaries", self.boundaries, BOUNDARIES),
+            ("head_share", self.head_share, HEAD_SHARES),
         ):
             if value not in allowed:
                 raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
         if not self.mass_floor >= 0:
             raise VkvError(f"field mass_floor: must be ≥ 0, got {self.mass_floor}")
+        if not self.oversample > 1:  # each head must have more virtual tokens to choose from than it keeps
+            raise VkvError(f"field oversample: must be > 1, got {self.oversample}")
         if not self.attention_weight >= 0:
             raise VkvError(f"field attention_weight: must be ≥ 0, got {self.attention_weight}")
         self.optim.validate()

@@ -45,3 +45,13 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.
     order = torch.where(kept, torch.arange(n), n + torch.arange(n)).argsort(-1)[..., : int(counts.max())]
     real = torch.arange(order.shape[-1]) < counts[..., None]
     return torch.where(real, order, order[..., :1]), real
+
+
+def mask_per_head(scores: torch.Tensor, bias: torch.Tensor, budget: int, rule: str) -> torch.Tensor:
+    """Entries kept in place, each head attending only to its share: `bias` `[layers, heads, n]` with every entry
+    outside the head's `per_head_index(scores, budget, rule)` masked (−inf), and the kept entries' biases raised so
+    that each head's entries keep the total weight Σ exp(bias) they had (n tokens stay n tokens' worth of mass)."""
+    index, real = per_head_index(scores, budget, rule)
+    kept = torch.zeros(scores.shape, dtype=torch.int32).scatter_add_(-1, index, real.int()) > 0
+    masked = bias.masked_fill(~kept, MASKED)
+    return masked + (bias.logsumexp(-1) - masked.logsumexp(-1))[..., None]

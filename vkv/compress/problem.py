@@ -14,6 +14,7 @@ import torch
 from vkv.compress.blocks import span_blocks
 from vkv.compress.compaction import fit_bias
 from vkv.compress.config import CompressConfig
+from vkv.compress.head_budget import mask_per_head
 from vkv.compress.pooling import Blocks, block_weights
 from vkv.compress.positions import virtual_positions
 from vkv.compress.targets import AttentionTargets, Targets, attention_targets, build_targets, target_kind
@@ -56,9 +57,10 @@ class SpanProblem:
         attention, for the question-aware pooling rule only."""
         start, end = acts.start, acts.end
         kind = target_kind(config.target)
-        if config.fit_bias and tokens is not None:
-            raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
-        if (kind.needs_queries or config.fit_bias) and acts.queries_pre_rope is None:  # one more forward, if needed
+        readout_needed = config.fit_bias or config.head_share != "all"
+        if readout_needed and tokens is not None:
+            raise VkvError("fit_bias and head-wise budgets are not implemented for spans kept partly verbatim (hybrid)")
+        if (kind.needs_queries or readout_needed) and acts.queries_pre_rope is None:  # one more forward, if needed
             acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
         pooled, pooled_ids = acts, torch.tensor(ids)
         if tokens is not None:
@@ -80,22 +82,29 @@ class SpanProblem:
         )
         token_positions = torch.arange(start, end) if tokens is None else start + tokens
         positions = virtual_positions(config.positions, start, end, k, blocks.centres(token_positions))
-        readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if config.fit_bias else None
+        readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if readout_needed else None
         return cls(blocks, weights, targets, positions, readout)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
         return self.blocks.sizes() if config.proportional_attention else None
 
-    def bias(self, config: CompressConfig, keys: torch.Tensor) -> torch.Tensor | None:
+    def bias(self, config: CompressConfig, keys: torch.Tensor, budget: int | None = None) -> torch.Tensor | None:
         """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
-        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention, fitted with fit_bias."""
+        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention, fitted with fit_bias; with head_share
+        uniform or adaptive, each KV head's tokens beyond its share of `budget` masked (−inf)."""
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
-        start = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
+        bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
         if self.readout is None:
-            return None if mass is None else start
+            return None if mass is None else bias
         rows = layers * kv_heads
         queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
-        fitted = fit_bias(queries, log_mass, keys.float().cpu().reshape(rows, k, dim), start.reshape(rows, k))
-        return fitted.reshape(layers, kv_heads, k)
+        keys = keys.float().cpu().reshape(rows, k, dim)
+        if config.fit_bias:
+            bias = fit_bias(queries, log_mass, keys, bias.reshape(rows, k)).reshape(layers, kv_heads, k)
+        if config.head_share == "all":
+            return bias
+        # each token's score in a head: the mean attention the span's own queries give it among the k
+        scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
+        return mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget or k, config.head_share)

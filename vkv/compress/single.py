@@ -41,9 +41,9 @@ def virtual_segment(
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`; with a distillation
     stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
     start, end = acts.start, acts.end
-    problem = SpanProblem.build(
-        lm, ids, acts, num_virtual_tokens(end - start, config.ratio), config, message_starts, attention
-    )
+    budget = num_virtual_tokens(end - start, config.ratio)  # entries each KV head attends to
+    k = budget if config.head_share == "all" else min(end - start, round(budget * config.oversample))
+    problem = SpanProblem.build(lm, ids, acts, k, config, message_starts, attention)
     positions = problem.positions
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
@@ -60,7 +60,8 @@ def virtual_segment(
             "trace": trace,
         }
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
-    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, problem.bias(config, keys))
+    bias = problem.bias(config, keys, budget)
+    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias)
 
 
 def compress_span(
