@@ -60,6 +60,17 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
     )
 
 
+def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_budget(evaluation):
+    work = evaluation.work
+    recipe = CompressConfig(head_share="adaptive", oversample=2.0, optim=OptimConfig(steps=2))
+    segment = get_method("hybrid", recipe=recipe, verbatim=HybridConfig(0.15, "surprisal")).compress(work, 3.2)
+    kept = verbatim_entries(segment)
+    assert segment.real_entries == pytest.approx(work.budget(3.2))  # what heads reach meets the ratio
+    assert segment.entries == len(kept) + 2 * segment.stats["virtual_entries"]  # twice the virtual slots
+    assert bool((segment.bias[:, :, kept] == 0).all())  # every head reaches every verbatim token, at weight 1
+    assert bool(torch.isinf(segment.bias).any())
+
+
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
     config = CompressConfig(proportional_attention=False, optim=OptimConfig(steps=2))
     segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(

@@ -36,7 +36,7 @@ from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.rebuild import virtual_kv
-from vkv.kv.segment import Segment, mass_bias
+from vkv.kv.segment import Segment
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import from_dict
@@ -176,19 +176,20 @@ class _VirtualPart:
     positions: torch.Tensor  # [k]
     embeddings: torch.Tensor  # [k, hidden]
     stats: dict[str, Any]
-    mass: torch.Tensor | None  # [k] tokens each virtual token stands for (None without proportional attention)
+    bias: torch.Tensor | None  # [layers, kv_heads, k] (SpanProblem.bias: log of the tokens each stands for, masks)
 
 
-def _virtual_part(lm, ids, acts, rest, k, prefix, compress, message_starts, on_step) -> _VirtualPart:
-    """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`."""
+def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step) -> _VirtualPart:
+    """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
+    or `oversample` times as many with a head-wise head_share (each head then reaches `budget`)."""
+    k = budget if compress.head_share == "all" else min(len(rest), round(budget * compress.oversample))
     problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
     targets, positions = problem.targets, problem.positions
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
     keys, values = virtual_kv(lm, result.embeddings, positions, prefix)
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    mass = problem.mass(compress)
-    return _VirtualPart(keys, values, positions, result.embeddings, stats, mass)
+    return _VirtualPart(keys, values, positions, result.embeddings, stats, problem.bias(compress, keys, budget))
 
 
 def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:
@@ -200,7 +201,8 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: Verbat
     positions = torch.cat([(kept + acts.start).float(), virtual.positions.float()])
     embeddings = torch.cat([kept_embeddings.reshape(len(kept_ids), -1), virtual.embeddings])
     order = positions.argsort(stable=True)
-    is_verbatim = torch.cat([torch.ones(len(kept_ids), dtype=torch.bool), torch.zeros(share.virtual, dtype=torch.bool)])
+    slots = virtual.keys.shape[2]
+    is_verbatim = torch.cat([torch.ones(len(kept_ids), dtype=torch.bool), torch.zeros(slots, dtype=torch.bool)])
     stats = {
         **virtual.stats,
         "keep_by": config.keep_by,
@@ -213,7 +215,9 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: Verbat
         "verbatim_positions": (kept + acts.start).tolist(),
         "verbatim_text": [lm.tokenizer.decode([t]) for t in kept_ids],
     }
-    mass = None if virtual.mass is None else torch.cat([torch.ones(len(kept_ids)), virtual.mass])[order]
+    bias = None  # a verbatim token stands for itself: bias log 1 = 0 beside the virtual tokens'
+    if virtual.bias is not None:
+        bias = torch.cat([torch.zeros(*keys.shape[:2], len(kept_ids)), virtual.bias], dim=2)[:, :, order].contiguous()
     return Segment(
         "virtual",
         (acts.start, acts.end),
@@ -222,7 +226,7 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: Verbat
         positions[order],
         embeddings[order],
         stats,
-        None if mass is None else mass_bias(mass, *keys.shape[:2]),
+        bias,
     )
 
 

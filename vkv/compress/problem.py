@@ -57,9 +57,9 @@ class SpanProblem:
         attention, for the question-aware pooling rule only."""
         start, end = acts.start, acts.end
         kind = target_kind(config.target)
+        if config.fit_bias and tokens is not None:  # the mass to fit would be the pooled tokens', not the span's
+            raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
         readout_needed = config.fit_bias or config.head_share != "all"
-        if readout_needed and tokens is not None:
-            raise VkvError("fit_bias and head-wise budgets are not implemented for spans kept partly verbatim (hybrid)")
         if (kind.needs_queries or readout_needed) and acts.queries_pre_rope is None:  # one more forward, if needed
             acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
         pooled, pooled_ids = acts, torch.tensor(ids)
