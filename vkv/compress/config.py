@@ -97,6 +97,11 @@ class CompressConfig:
         self.distill.validate()
         return self
 
+    def virtual_tokens(self, budget: int, available: int) -> int:
+        """Virtual tokens to optimise for a budget of `budget` entries per KV head over `available` tokens: the budget,
+        or `oversample` times it when each head attends only to its share."""
+        return budget if self.head_share == "all" else min(available, round(budget * self.oversample))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

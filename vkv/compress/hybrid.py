@@ -182,7 +182,7 @@ class _VirtualPart:
 def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
     or `oversample` times as many with a head-wise head_share (each head then reaches `budget`)."""
-    k = budget if compress.head_share == "all" else min(len(rest), round(budget * compress.oversample))
+    k = compress.virtual_tokens(budget, len(rest))
     problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
     targets, positions = problem.targets, problem.positions
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)

@@ -23,7 +23,7 @@ from vkv.kv.segment import mass_bias
 from vkv.lm.capture import Activations, capture_span
 from vkv.lm.frozen import FrozenLM
 
-BIAS_QUERIES = 512  # reference queries per head for fit_bias: am's count (512 beat 128 for am on the dev split)
+BIAS_QUERIES = 512  # reference queries per head for fit_bias and head_share: am's count (512 beat 128 for am on dev)
 
 
 @dataclass
@@ -34,7 +34,7 @@ class SpanProblem:
     weights: torch.Tensor  # [pooled tokens] pooling weights, summing to 1 within each block
     targets: Targets
     positions: torch.Tensor  # [k] float32 logical positions
-    readout: AttentionTargets | None = None  # the span's own queries and the mass they give it, for fit_bias
+    readout: AttentionTargets | None = None  # the span's own queries and the mass they give it (fit_bias, head_share)
 
     @property
     def k(self) -> int:
@@ -89,7 +89,7 @@ class SpanProblem:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
         return self.blocks.sizes() if config.proportional_attention else None
 
-    def bias(self, config: CompressConfig, keys: torch.Tensor, budget: int | None = None) -> torch.Tensor | None:
+    def bias(self, config: CompressConfig, keys: torch.Tensor, budget: int) -> torch.Tensor | None:
         """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
         `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention, fitted with fit_bias; with head_share
         uniform or adaptive, each KV head's tokens beyond its share of `budget` masked (−inf)."""
@@ -107,4 +107,4 @@ class SpanProblem:
             return bias
         # each token's score in a head: the mean attention the span's own queries give it among the k
         scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
-        return mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget or k, config.head_share)
+        return mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget, config.head_share)

@@ -149,15 +149,7 @@ class FullHistory:
             raise VkvError(
                 f"tokens {turn.start}-{turn.end} lie outside the captured history {self.acts.start}-{self.acts.end}"
             )
-        lo, hi = turn.start - self.acts.start, turn.end - self.acts.start
-        acts = Activations(
-            self.acts.values[:, :, lo:hi],
-            self.acts.keys_pre_rope[:, :, lo:hi],
-            self.acts.surprisal[lo:hi],
-            turn.start,
-            turn.end,
-        )
-        return TurnView(acts, self.kv.slice(turn.start, turn.end))
+        return TurnView(self.acts.slice(turn.start, turn.end), self.kv.slice(turn.start, turn.end))
 
     def verbatim(self, turn: Turn) -> Segment:
         """The turn's exact full-context K/V (for turns kept as they are)."""

@@ -42,8 +42,9 @@ def virtual_segment(
     stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
     start, end = acts.start, acts.end
     budget = num_virtual_tokens(end - start, config.ratio)  # entries each KV head attends to
-    k = budget if config.head_share == "all" else min(end - start, round(budget * config.oversample))
-    problem = SpanProblem.build(lm, ids, acts, k, config, message_starts, attention)
+    problem = SpanProblem.build(
+        lm, ids, acts, config.virtual_tokens(budget, end - start), config, message_starts, attention
+    )
     positions = problem.positions
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()

@@ -31,6 +31,14 @@ class Activations:
     def length(self) -> int:
         return self.end - self.start
 
+    def slice(self, start: int, end: int) -> Activations:
+        """The activations of tokens [start, end) ⊆ [self.start, self.end)."""
+        lo, hi = start - self.start, end - self.start
+        queries = None if self.queries_pre_rope is None else self.queries_pre_rope[:, :, lo:hi]
+        return Activations(
+            self.values[:, :, lo:hi], self.keys_pre_rope[:, :, lo:hi], self.surprisal[lo:hi], start, end, queries
+        )
+
 
 @contextmanager
 def projection_hooks(

@@ -22,7 +22,6 @@ from vkv.errors import VkvError
 from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
-from vkv.lm.capture import Activations
 from vkv.methods.base import BudgetMethod, Method, SpanWork
 
 CARRIES = ("reencode", "as-is", "fresh")
@@ -43,11 +42,11 @@ class Reuse(Method):
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> SegmentGroup:
         self.check()
         split = _last_message_start(work)
-        history = self._compress_history(replace(work, end=split, acts=_slice(work.acts, work.start, split)))
+        history = self._compress_history(replace(work, end=split, acts=work.acts.slice(work.start, split)))
         cache = work.prefix_cache()
         for segment in history:
             cache.append(segment)
-        carried_work = replace(work, start=split, acts=_slice(work.acts, split, work.end))
+        carried_work = replace(work, start=split, acts=work.acts.slice(split, work.end))
         if self.carry == "fresh":
             from vkv.compress.sequential import message_turns
             from vkv.methods.turns import TurnWork
@@ -108,15 +107,6 @@ def _last_message_start(work: SpanWork) -> int:
             "it carries (choose a window of two or more messages)"
         )
     return starts[-1]
-
-
-def _slice(acts: Activations, start: int, end: int) -> Activations:
-    """The activations of [start, end) ⊆ [acts.start, acts.end)."""
-    lo, hi = start - acts.start, end - acts.start
-    queries = None if acts.queries_pre_rope is None else acts.queries_pre_rope[:, :, lo:hi]
-    return Activations(
-        acts.values[:, :, lo:hi], acts.keys_pre_rope[:, :, lo:hi], acts.surprisal[lo:hi], start, end, queries
-    )
 
 
 def _reencoded(work: SpanWork, segment: Segment, history: SplicedCache) -> Segment:
