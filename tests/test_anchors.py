@@ -168,3 +168,11 @@ def test_fit_bias_for_the_spans_own_keys_is_zero_and_for_fewer_keys_beats_its_st
     fitted = fit_bias(readout.queries, readout.log_mass(), keys, start)
     assert fitted.shape == start.shape and fitted.isfinite().all()
     assert error(fitted) < 0.5 * error(start)
+    masked = start.clone()
+    masked[:, ::3] = float("-inf")  # a head-wise mask: those entries stay out, the others are fitted without them
+    refitted = fit_bias(readout.queries, readout.log_mass(), keys, masked)
+    assert refitted[:, ::3].isneginf().all() and refitted[masked.isfinite()].isfinite().all()
+    assert error(refitted) < error(masked)
+    keep = masked[0].isfinite()  # the same fit as for the kept keys alone
+    alone = fit_bias(readout.queries, readout.log_mass(), keys[:, keep], start[:, keep])
+    torch.testing.assert_close(refitted[:, keep], alone)

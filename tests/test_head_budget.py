@@ -168,6 +168,32 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     assert result["stored_entries"] == min(work.span_length, 2 * budget)
 
 
+def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_only_those(evaluation):
+    """am's order: each head's entries are chosen first, then their biases fitted; the masks stay where they were."""
+    from vkv.compress.problem import SpanProblem
+    from vkv.lm.capture import capture_span
+
+    work = evaluation.work
+    segments = {
+        fit: get_method(
+            "vkv", recipe=CompressConfig(head_share="adaptive", fit_bias=fit, optim=OptimConfig(steps=1))
+        ).compress(work, 3.0)
+        for fit in (False, True)
+    }
+    masked, fitted = segments[False].bias, segments[True].bias
+    assert torch.equal(segments[False].keys, segments[True].keys)  # the same embeddings: fitting comes after
+    assert torch.equal(fitted.isneginf(), masked.isneginf()) and not torch.allclose(fitted, masked)
+    acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
+    config = CompressConfig(head_share="adaptive", fit_bias=True)
+    readout = SpanProblem.build(work.lm, work.ids, acts, segments[True].entries, config).readout
+
+    def error(bias):
+        scores = readout.queries @ segments[True].keys.transpose(-1, -2) + bias[:, :, None, :]
+        return (scores.logsumexp(-1) - readout.log_norm).exp().sub(1).pow(2).sum()
+
+    assert error(fitted) < error(masked)
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -149,9 +149,13 @@ def fit_bias(
 ) -> torch.Tensor:
     """β `[R, t]` for any t entries with `keys` `[R, t, D]` standing for a span whose mass for `queries` `[R, m, D]`
     is exp(`log_mass`) `[R, m]`: w = exp(β) ≥ 0 by NNLS so that Σ_j w_j exp(q·k_j) ≈ the span's mass for every query,
-    starting from w = exp(`start`) `[R, t]`. (In float64: a key far louder than the span would overflow float32.)"""
+    starting from w = exp(`start`) `[R, t]`; an entry whose start is −inf (a head-wise mask) stays out, at −inf. (In
+    float64: a key far louder than the span would overflow float32.)"""
+    out = start.isneginf()
     a = (queries.double() @ keys.double().transpose(1, 2) - log_mass.double()[..., None]).clamp_max(80.0).exp()
-    return nnls(a, iterations, start.double().exp()).clamp_min(1e-12).log().float()
+    a = a.masked_fill(out[:, None, :], 0.0)  # a zero column has zero gradient: its weight stays at its start, 0
+    beta = nnls(a, iterations, start.double().exp()).clamp_min(1e-12).log().float()
+    return beta.masked_fill(out, float("-inf"))
 
 
 def mass_error(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

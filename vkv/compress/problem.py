@@ -91,8 +91,9 @@ class SpanProblem:
 
     def bias(self, config: CompressConfig, keys: torch.Tensor, budget: int) -> torch.Tensor | None:
         """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
-        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention, fitted with fit_bias; with head_share
-        uniform or adaptive, each KV head's tokens beyond its share of `budget` masked (−inf)."""
+        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention; with head_share uniform or
+        adaptive, each KV head's tokens beyond its share of `budget` masked (−inf); with fit_bias, fitted for the
+        tokens each head keeps."""
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
         bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
@@ -101,10 +102,10 @@ class SpanProblem:
         rows = layers * kv_heads
         queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
         keys = keys.float().cpu().reshape(rows, k, dim)
+        if config.head_share != "all":  # am's order: choose each head's entries, then (with fit_bias) fit their β
+            # each token's score in a head: the mean attention the span's own queries give it among the k
+            scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
+            bias = mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget, config.head_share)
         if config.fit_bias:
             bias = fit_bias(queries, log_mass, keys, bias.reshape(rows, k)).reshape(layers, kv_heads, k)
-        if config.head_share == "all":
-            return bias
-        # each token's score in a head: the mean attention the span's own queries give it among the k
-        scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
-        return mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget, config.head_share)
+        return bias
