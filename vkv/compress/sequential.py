@@ -277,12 +277,12 @@ def turn_targets(
     lm: FrozenLM,
     ids: list[int],
     acts: Activations,
-    entries: int,
+    k: int,
     config: CompressConfig,
     message_starts: list[int] | None,
 ) -> Targets:
-    """The targets `virtual_segment` optimises towards, rebuilt (deterministically) to measure its V loss."""
-    return SpanProblem.build(lm, ids, acts, entries, config, message_starts).targets
+    """The targets of `virtual_segment`'s k virtual tokens, rebuilt (deterministically) to measure its V loss."""
+    return SpanProblem.build(lm, ids, acts, k, config, message_starts).targets
 
 
 def _turn_segment(
@@ -295,7 +295,8 @@ def _turn_segment(
             )
         exact = replace(config.compress, ratio=turn.length / entries)  # rounds back to exactly `entries`
         segment = virtual_segment(lm, ids, view.acts, prefix, exact, message_starts)
-        return record_loss(segment, segment.values, turn_targets(lm, ids, view.acts, entries, exact, message_starts))
+        k = exact.virtual_tokens(entries, turn.length)  # with head-wise shares, more tokens than heads reach
+        return record_loss(segment, segment.values, turn_targets(lm, ids, view.acts, k, exact, message_starts))
 
     if config.auto_ratio is not None:
         return choose_ratio(turn.length, build, view.verbatim, config.auto_ratio)
