@@ -23,6 +23,13 @@ from vkv.kv.segment import mass_bias
 from vkv.lm.capture import Activations, capture_span
 from vkv.lm.frozen import FrozenLM
 
+
+def needs_queries(config: CompressConfig) -> bool:
+    """Whether building the span's problem reads its own pre-RoPE queries: attention targets, fitted biases and
+    head-wise shares all weigh entries by what the span's queries attend to."""
+    return target_kind(config.target).needs_queries or config.fit_bias or config.head_share != "all"
+
+
 BIAS_QUERIES = 512  # reference queries per head for fit_bias and head_share: am's count (512 beat 128 for am on dev)
 
 
@@ -56,11 +63,12 @@ class SpanProblem:
         non-verbatim ones) with k virtual tokens, laid out by `config`; `attention` `[span]` is a question's
         attention, for the question-aware pooling rule only."""
         start, end = acts.start, acts.end
-        kind = target_kind(config.target)
         if config.fit_bias and tokens is not None:  # the mass to fit would be the pooled tokens', not the span's
             raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
         readout_needed = config.fit_bias or config.head_share != "all"
-        if (kind.needs_queries or readout_needed) and acts.queries_pre_rope is None:  # one more forward, if needed
+        if needs_queries(config) and acts.queries_pre_rope is None:
+            # One more forward, over the full uncompressed text: right for `acts` captured there, which is why a
+            # running cache's online view brings its own queries (compress_turns).
             acts, _ = capture_span(lm, torch.tensor(ids[:end]), start, end, queries=True)
         pooled, pooled_ids = acts, torch.tensor(ids)
         if tokens is not None:

@@ -27,7 +27,7 @@ from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, s
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
 from vkv.compress.pooling import num_virtual_tokens
-from vkv.compress.problem import SpanProblem
+from vkv.compress.problem import SpanProblem, needs_queries
 from vkv.compress.single import virtual_segment
 from vkv.compress.targets import Targets, target_kind
 from vkv.errors import VkvError
@@ -256,7 +256,7 @@ def compress_turns(
     )
     segments = []
     for turn, budget in zip(turns, budgets):
-        online = view_on_cache(lm, cache, ids, turn)
+        online = view_on_cache(lm, cache, ids, turn, queries=needs_queries(config.compress))
         oracle = history.view(turn) if history is not None else None
         view = oracle if config.targets == "oracle" else online
         segment = _turn_segment(lm, ids, turn, view, cache.kv().to(lm.device, lm.dtype), budget, config, message_starts)
