@@ -11,7 +11,7 @@ from vkv.cli.common import console, key_value_table, write_json
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from vkv.kv.file import read_header
-    from vkv.kv.report import storage
+    from vkv.kv.report import entries_text, segment_row, storage
 
     header = read_header(args.cache)
     stored = storage(args.cache, header)
@@ -30,7 +30,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             seg["kind"],
             f"{span[0]}–{span[1]}",
             str(span[1] - span[0]),
-            str(seg["entries"]),
+            entries_text(segment_row(seg)),
             f"{seg['ratio']:.2f}",
             loss,
             str(st.get("steps", "—")),

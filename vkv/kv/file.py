@@ -81,7 +81,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         "vkv_version": __version__,
         "next_position": cache.next_position,
         "segments": [
-            {"kind": s.kind, "span": list(s.span), "entries": s.entries, "ratio": s.ratio, "stats": s.stats}
+            {"kind": s.kind, "span": list(s.span), **s.entry_counts(), "ratio": s.ratio, "stats": s.stats}
             for s in cache.segments
         ],
         **cache.meta,

@@ -21,15 +21,18 @@ def report_rows(header: dict[str, Any]) -> list[dict[str, Any]]:
 def cache_rows(cache: SplicedCache) -> list[dict[str, Any]]:
     """The same rows for a cache in memory."""
     return [
-        segment_row({"kind": s.kind, "span": list(s.span), "entries": s.entries, "stats": s.stats})
+        segment_row({"kind": s.kind, "span": list(s.span), **s.entry_counts(), "stats": s.stats})
         for s in cache.segments
     ]
 
 
 def segment_row(segment: dict[str, Any]) -> dict[str, Any]:
+    """`entries`: what attention reaches per layer and KV head (the ratio counts these); `slots`: what the cache
+    holds, more when head-wise budgets pad the heads that keep fewer."""
     stats = segment.get("stats") or {}
     start, end = segment["span"]
-    entries = segment["entries"]
+    slots = segment["entries"]
+    entries = segment.get("real_entries", slots)
     verbatim_text = list(stats.get("verbatim_text", []))
     hybrid = segment["kind"] == "virtual" and "verbatim_entries" in stats
     return {
@@ -39,6 +42,7 @@ def segment_row(segment: dict[str, Any]) -> dict[str, Any]:
         "span": [start, end],
         "tokens": end - start,
         "entries": entries,
+        "slots": slots,
         "ratio": round((end - start) / max(entries, 1), 3),
         "loss": _loss(stats),
         "drift": stats.get("drift"),
@@ -88,13 +92,18 @@ def report_table(rows: list[dict[str, Any]], title: str = "compression report"):
             _text(r["role"]),
             r["kind"],
             str(r["tokens"]),
-            str(r["entries"]),
+            entries_text(r),
             f"{r['ratio']:.2f}",
             _number(r["loss"]),
             _number(r["drift"]),
             _shorten(" | ".join(t.strip() for t in r["verbatim_text"])),
         )
     return table
+
+
+def entries_text(row: dict[str, Any]) -> str:
+    """A row's entries for a table: "149", or "149 of 298 slots" when heads reach fewer than the cache holds."""
+    return f"{row['entries']:g}" if row["entries"] == row["slots"] else f"{row['entries']:g} of {row['slots']} slots"
 
 
 def _loss(stats: dict[str, Any]) -> float | None:

@@ -55,12 +55,16 @@ class Segment:
         bias = None if self.bias is None else [b[None] for b in self.bias]
         return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values], None, bias)
 
+    def entry_counts(self) -> dict[str, Any]:
+        """`entries` (slots held) and, when heads reach fewer (head-wise budgets), `real_entries`."""
+        reached = {"real_entries": round(self.real_entries, 2)} if self.real_entries != self.entries else {}
+        return {"entries": self.entries, **reached}
+
     def row(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "span": list(self.span),
-            "entries": self.entries,
-            **({"real_entries": round(self.real_entries, 2)} if self.real_entries != self.entries else {}),
+            **self.entry_counts(),
             "ratio": round(self.ratio, 4),
             **{k: v for k, v in self.stats.items() if not isinstance(v, (list, dict))},
         }
