@@ -14,7 +14,8 @@ from vkv.compress.sequential import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.context import Context
-from vkv.kv.file import load_cache, save_cache
+from vkv.kv.file import load_cache, read_header, save_cache
+from vkv.kv.report import entries_text, report_rows
 from vkv.kv.segment import verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.methods import get_method
@@ -163,6 +164,10 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)
     loaded = load_cache(tmp_path / "e.safetensors", work.lm)
     assert torch.equal(loaded.attention_bias(), spliced.attention_bias())
+    row = [r for r in report_rows(read_header(tmp_path / "e.safetensors")) if r["kind"] == "virtual"][0]
+    assert row["entries"] == pytest.approx(budget) and row["slots"] == segment.entries  # the report counts reach
+    assert row["ratio"] == pytest.approx(work.span_length / budget, abs=1e-3)
+    assert entries_text(row) == f"{row['entries']:g} of {segment.entries} slots"
     result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
     assert result["compressed_entries"] == pytest.approx(budget)
     assert result["stored_entries"] == min(work.span_length, 2 * budget)
