@@ -74,7 +74,7 @@ def test_compress_with_attention_targets_end_to_end(tiny_llama):
     ids, start, end = _span(tiny_llama)
     config = CompressConfig(ratio=3.0, target="v+attention", optim=OptimConfig(steps=2))
     spliced = compress_span(tiny_llama, ids, start, end, config)
-    assert spliced.segments[1].kind == "virtual" and spliced.segments[1].entries == round((end - start) / 3)
+    assert spliced.segments[1].kind == "virtual" and spliced.segments[1].real_entries == round((end - start) / 3)
 
 
 def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):

@@ -17,7 +17,7 @@ from vkv.lm.capture import Activations
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
 
-FAST = CompressConfig(optim=OptimConfig(steps=2))
+FAST = CompressConfig(head_share="all", optim=OptimConfig(steps=2))  # one slot per head: its layout is tested here
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_bu
 
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
-    config = CompressConfig(proportional_attention=False, optim=OptimConfig(steps=2))
+    config = CompressConfig(proportional_attention=False, head_share="all", optim=OptimConfig(steps=2))
     segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2
     )
