@@ -164,6 +164,15 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)
     loaded = load_cache(tmp_path / "e.safetensors", work.lm)
     assert torch.equal(loaded.attention_bias(), spliced.attention_bias())
+    save_cache(spliced, tmp_path / "k.safetensors")  # a K/V file: the real entries only, though masks interleave
+    with safe_open(str(tmp_path / "k.safetensors"), framework="pt") as f:
+        assert f.get_slice("segments.1.keys_real").get_shape()[0] == int(torch.isfinite(segment.bias).sum())
+    reloaded = load_cache(tmp_path / "k.safetensors", work.lm)
+    real = torch.isfinite(segment.bias)
+    assert torch.equal(reloaded.segments[1].bias, segment.bias)
+    assert torch.equal(reloaded.segments[1].keys[real], segment.keys[real])
+    probe = evaluation.questions[0].prompt
+    assert torch.equal(Context(work.lm, reloaded).feed(probe), Context(work.lm, spliced).feed(probe))
     row = [r for r in report_rows(read_header(tmp_path / "e.safetensors")) if r["kind"] == "virtual"][0]
     assert row["entries"] == pytest.approx(budget) and row["slots"] == segment.entries  # the report counts reach
     assert row["ratio"] == pytest.approx(work.span_length / budget, abs=1e-3)

@@ -63,7 +63,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        flat = store == "kv" and seg.real_entries != seg.entries and _real_slots_first(torch.isfinite(seg.bias))
+        flat = store == "kv" and seg.real_entries != seg.entries and _every_head_reaches(torch.isfinite(seg.bias))
         if flat:
             tensors.update(_flat(seg, i))
         elif store == "kv":
@@ -91,17 +91,17 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
 
 
-def _real_slots_first(real: torch.Tensor) -> bool:
-    """Whether every head of `real` `[layers, kv_heads, entries]` (bool: reachable slots) has at least one entry and
-    its entries before its padding, as `_unflat` restores them."""
-    counts = real.sum(-1, keepdim=True)
-    return bool((counts > 0).all()) and bool((real == (torch.arange(real.shape[-1]) < counts)).all())
+def _every_head_reaches(real: torch.Tensor) -> bool:
+    """Whether every head of `real` `[layers, kv_heads, entries]` (bool: reachable slots) has at least one entry, whose
+    copy `_unflat` puts in the head's padding slots."""
+    return bool(real.any(-1).all())
 
 
 def _flat(seg: Segment, i: int) -> dict[str, torch.Tensor]:
     """A padded segment (head-wise budgets: −inf-bias slots) as its real entries only, so that the file's bytes
     follow the real ratio: `real` `[layers, kv_heads, entries]` bool, `keys_real`/`values_real` `[real, head_dim]`
-    and `bias_real` `[real]` in (layer, head, slot) order. Loading pads again with copies of each head's first
+    and `bias_real` `[real]` in (layer, head, slot) order, for any layout of the padding (compact segments keep it
+    last, head-wise virtual tokens between their entries). Loading pads again with copies of each head's first real
     entry, which attention never reaches (−inf bias)."""
     real = torch.isfinite(seg.bias).cpu()
     return {
@@ -118,14 +118,15 @@ def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
     flat = {name: tensors.pop(f"segments.{i}.{name}_real", None) for name in ("keys", "values", "bias")}
     if (
         real.dim() != 3
-        or not _real_slots_first(real)
+        or not _every_head_reaches(real)
         or any(t is None or t.shape[0] != int(real.sum()) for t in flat.values())
     ):
         raise VkvError(f"{where}.real: a padded segment's real-entry mask and flat tensors do not agree")
     for name in ("keys", "values"):
         padded = flat[name].new_empty(*real.shape, flat[name].shape[-1])
         padded[real] = flat[name]
-        tensors[f"segments.{i}.{name}"] = torch.where(real[..., None], padded, padded[:, :, :1])
+        first = real.int().argmax(-1)[..., None, None].expand(-1, -1, 1, padded.shape[-1])  # each head's first real
+        tensors[f"segments.{i}.{name}"] = torch.where(real[..., None], padded, padded.gather(2, first))
     bias = torch.full(real.shape, float("-inf"))
     bias[real] = flat["bias"]
     tensors[f"segments.{i}.bias"] = bias
