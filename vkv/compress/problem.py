@@ -24,10 +24,14 @@ from vkv.lm.capture import Activations, capture_span
 from vkv.lm.frozen import FrozenLM
 
 
+def needs_readout(config: CompressConfig) -> bool:
+    """Whether the virtual tokens' biases read what the span's own queries attend to (fitted biases, head-wise shares)."""
+    return config.fit_bias or config.head_share != "all"
+
+
 def needs_queries(config: CompressConfig) -> bool:
-    """Whether building the span's problem reads its own pre-RoPE queries: attention targets, fitted biases and
-    head-wise shares all weigh entries by what the span's queries attend to."""
-    return target_kind(config.target).needs_queries or config.fit_bias or config.head_share != "all"
+    """Whether building the span's problem reads its own pre-RoPE queries: attention targets or the read-out."""
+    return target_kind(config.target).needs_queries or needs_readout(config)
 
 
 BIAS_QUERIES = 512  # reference queries per head for fit_bias and head_share: am's count (512 beat 128 for am on dev)
@@ -65,7 +69,6 @@ class SpanProblem:
         start, end = acts.start, acts.end
         if config.fit_bias and tokens is not None:  # the mass to fit would be the pooled tokens', not the span's
             raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
-        readout_needed = config.fit_bias or config.head_share != "all"
         if needs_queries(config) and acts.queries_pre_rope is None:
             # One more forward, over the full uncompressed text: right for `acts` captured there, which is why a
             # running cache's online view brings its own queries (compress_turns).
@@ -90,7 +93,7 @@ class SpanProblem:
         )
         token_positions = torch.arange(start, end) if tokens is None else start + tokens
         positions = virtual_positions(config.positions, start, end, k, blocks.centres(token_positions))
-        readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if readout_needed else None
+        readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if needs_readout(config) else None
         return cls(blocks, weights, targets, positions, readout)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:

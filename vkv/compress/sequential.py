@@ -151,6 +151,14 @@ class FullHistory:
             )
         return TurnView(self.acts.slice(turn.start, turn.end), self.kv.slice(turn.start, turn.end))
 
+    def with_queries(self, lm: FrozenLM, ids: list[int]) -> FullHistory:
+        """The same history with the span's pre-RoPE queries (one forward over the text up to its end), so that turn
+        problems that read them do not each run their own."""
+        if self.acts.queries_pre_rope is not None:
+            return self
+        acts, _ = capture_span(lm, ids[: self.acts.end], self.acts.start, self.acts.end, queries=True)
+        return FullHistory(acts, self.kv)
+
     def verbatim(self, turn: Turn) -> Segment:
         """The turn's exact full-context K/V (for turns kept as they are)."""
         segment = verbatim_segment(self.kv.slice(turn.start, turn.end), turn.start)
@@ -254,6 +262,8 @@ def compress_turns(
         if config.auto_ratio is not None
         else allocate([t.length for t in turns], config.compress.ratio)
     )
+    if history is not None and needs_queries(config.compress):
+        history = history.with_queries(lm, ids)
     segments = []
     for turn, budget in zip(turns, budgets):
         online = view_on_cache(lm, cache, ids, turn, queries=needs_queries(config.compress))
