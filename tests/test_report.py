@@ -110,6 +110,31 @@ def test_rows_pool_results_per_variant_and_ratio(sweep_dir):
     assert cols[0] == "full" and len(grid) == 3
 
 
+def test_variant_names_skip_sections_another_setting_leaves_empty(tmp_path):
+    """reuse's `recipe` is None for am and a whole recipe for vkv: its fields do not name variants (method does),
+    while a top-level field that is None in some runs of a method still does."""
+    lines = []
+    for i, (inner, carry, recipe) in enumerate(
+        [("am", "as-is", None), ("am", "fresh", None), ("vkv", "as-is", {"steps": 15, "pooling": "surprisal"})]
+    ):
+        x = line(f"r{i}", "reuse", 3.2, [True, False])
+        x["identity"]["config"] = {"method": inner, "carry": carry, "recipe": recipe}
+        lines.append(x)
+    for i, granularity in enumerate([None, "head"]):
+        x = line(f"k{i}", "kvzip", 3.2, [True, True])
+        x["identity"]["config"] = {"granularity": granularity}
+        lines.append(x)
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    variants = [x["variant"] for x in load(tmp_path).lines]
+    assert variants == [
+        "reuse carry=as-is method=am",
+        "reuse carry=fresh method=am",
+        "reuse carry=as-is method=vkv",
+        "kvzip granularity=—",
+        "kvzip granularity=head",
+    ]
+
+
 def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
     parser = argparse.ArgumentParser()
     add_report_args(parser)

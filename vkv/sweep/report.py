@@ -60,7 +60,7 @@ def _label(lines: list[dict]) -> None:
             _flat({"config": line["identity"].get("config"), "eval": line["identity"].get("eval")}) for line in group
         ]
         keys = sorted({k for s in settings for k in s})
-        varying = [k for k in keys if len({json.dumps(s.get(k)) for s in settings}) > 1]
+        varying = [k for k in keys if len({json.dumps(s.get(k)) for s in settings if not _under_none(s, k)}) > 1]
         names = {k: k.rsplit(".", 1)[-1] for k in varying}
         if len(set(names.values())) < len(names):
             names = {k: k.removeprefix("config.") for k in varying}
@@ -69,6 +69,13 @@ def _label(lines: list[dict]) -> None:
             if len(models) > 1:
                 parts.insert(0, f"{line['run']['model'].split('/')[-1]}/{line['identity']['quant']}")
             line["variant"] = " ".join(parts)
+
+
+def _under_none(flat: dict[str, Any], key: str) -> bool:
+    """Whether `key` is absent from `flat` because a section above it is None there (reuse's `recipe` for a method
+    without one): such a run says nothing about the key, and the section's absence is shown by another setting."""
+    parts = key.split(".")
+    return key not in flat and any(flat.get(".".join(parts[:i]), 0) is None for i in range(1, len(parts)))
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
