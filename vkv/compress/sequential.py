@@ -262,7 +262,7 @@ def compress_turns(
         if config.auto_ratio is not None
         else allocate([t.length for t in turns], config.compress.ratio)
     )
-    if history is not None and needs_queries(config.compress):
+    if config.targets == "oracle" and needs_queries(config.compress):  # online targets read only the history's V
         history = history.with_queries(lm, ids)
     segments = []
     for turn, budget in zip(turns, budgets):
