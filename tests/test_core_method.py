@@ -10,7 +10,7 @@ from vkv.compress.optimise import OptimConfig
 from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.kv.context import Context
-from vkv.kv.file import cache_metadata, load_cache, save_cache
+from vkv.kv.file import _pack_bits, _unpack_bits, cache_metadata, load_cache, save_cache
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import verbatim_segment
 from vkv.kv.spliced import SplicedCache
@@ -106,6 +106,16 @@ def test_save_load_roundtrip_gives_identical_logits(tiny_llama, tmp_path):
     assert loaded.next_position == len(ids)
     q = ids_of(lm, " Which runner?")
     torch.testing.assert_close(Context(lm, loaded).feed(q), Context(lm, spliced).feed(q), atol=0, rtol=0)
+
+
+def test_bit_masks_pack_eight_to_a_byte_and_back():
+    g = torch.Generator().manual_seed(0)
+    for shape in ((1,), (3, 5), (2, 3, 8), (30, 3, 447)):
+        mask = torch.rand(shape, generator=g) > 0.5
+        packed = _pack_bits(mask)
+        assert packed.dtype == torch.uint8 and packed.shape == (-(-mask.numel() // 8),)
+        assert torch.equal(_unpack_bits(packed, shape), mask)
+    assert _pack_bits(torch.tensor([True, *[False] * 6, True, False, True])).tolist() == [129, 64]
 
 
 def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, tmp_path):

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from tests.conftest import ROOT
 from vkv.cli import main
@@ -93,14 +94,15 @@ def test_vkv_ask_answers_the_same_from_both_files(caches, capsys):
 
 def test_the_embeddings_file_is_smaller_by_the_virtual_segments_factor(smol, caches):
     """A virtual segment's bytes, float32: the kv store writes K, V and bias for the entries attention reaches (with
-    head-wise shares, half the slots; a bool mask says which) and every slot's embedding and position; the embeddings
-    store every slot's embedding, position and per-head bias. Verbatim tokens shrink far more (K/V against an id)."""
+    head-wise shares, a share of the slots; a bool mask says which) and every slot's embedding and position; the
+    embeddings store every slot's embedding and position, and the bias as one number per slot, one per layer and KV
+    head, and a mask of one bit per layer, KV head and slot. Verbatim tokens shrink far more (K/V against an id)."""
     spec = smol.spec
     virtual = caches.spliced.segments[1]
     slots, real = virtual.entries, int(torch.isfinite(virtual.bias).sum())
     heads = spec.num_layers * spec.num_kv_heads
     kv = 4 * (real * (2 * spec.head_dim + 1) + slots * (spec.hidden_size + 1)) + heads * slots
-    embeddings = 4 * slots * (spec.hidden_size + 1 + heads)
+    embeddings = 4 * (slots * (spec.hidden_size + 2) + heads) + -(-heads * slots // 8)
 
     def virtual_bytes(path) -> int:
         with safe_open(str(path), framework="pt") as f:
@@ -167,6 +169,12 @@ def test_refusals_are_one_clear_sentence(smol, smol_tokenizer, caches, tmp_path,
     ):
         with pytest.raises(VkvError, match=match):
             save_cache(SplicedCache(segments, meta=spliced.meta), tmp_path / "x.safetensors", "embeddings", caches.ids)
+    tensors = load_file(str(caches.embeddings))
+    tensors["segments.1.bias_mask"] = tensors["segments.1.bias_mask"][:-1]  # a bit mask one byte short
+    with safe_open(str(caches.embeddings), framework="pt") as f:
+        save_file(tensors, str(tmp_path / "short.safetensors"), metadata=f.metadata())
+    with pytest.raises(VkvError, match=r"short.safetensors: field segments\[1\]\.bias_mask: a separable bias needs"):
+        load_cache(tmp_path / "short.safetensors", smol)
     with pytest.raises(VkvError, match=r"segments\[0\]: .*token ids"):
         save_cache(spliced, tmp_path / "x.safetensors", store="embeddings")  # no ids for the verbatim segments
     assert not (tmp_path / "x.safetensors").exists()

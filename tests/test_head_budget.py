@@ -137,15 +137,23 @@ def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_
 
 def test_masking_per_head_keeps_each_heads_share_and_its_total_weight():
     g = torch.Generator().manual_seed(3)
-    scores, bias = torch.rand(2, 3, 12, generator=g), torch.rand(2, 3, 12, generator=g).log1p()
+    scores, per_entry = torch.rand(2, 3, 12, generator=g), torch.rand(12, generator=g).log1p()
+    shared = per_entry.expand(2, 3, 12)
     for rule in ("uniform", "adaptive"):
-        masked = mask_per_head(scores, bias, 4, rule)
+        separable = mask_per_head(scores, per_entry, 4, rule)
+        masked = separable.dense()
         kept = torch.isfinite(masked)
+        assert torch.equal(kept, separable.real)
         assert int(kept.sum()) == 2 * 3 * 4 and kept.sum(-1).min() >= 1
         if rule == "uniform":
             assert bool((kept.sum(-1) == 4).all())
             assert torch.equal(kept, torch.zeros_like(kept).scatter_(-1, scores.topk(4, -1).indices, True))
-        torch.testing.assert_close(masked.logsumexp(-1), bias.logsumexp(-1))
+        torch.testing.assert_close(masked.logsumexp(-1), shared.logsumexp(-1))
+        # per entry plus per head: the kept entries' biases differ from the shared ones by one offset per head
+        offset = torch.where(kept, masked - shared, 0).amax(-1)
+        torch.testing.assert_close(
+            torch.where(kept, masked - shared, offset[..., None]), offset[..., None].expand_as(kept)
+        )
 
 
 @pytest.mark.parametrize("rule", ["uniform", "adaptive"])
@@ -162,8 +170,12 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     spliced = evaluation.splice(segment)
     spliced.meta.update({"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
     save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)
+    with safe_open(str(tmp_path / "e.safetensors"), framework="pt") as f:  # the bias as numbers per entry and head
+        names = set(f.keys())
+    assert "segments.1.bias" not in names and {"segments.1.bias_per_entry", "segments.1.bias_mask"} <= names
     loaded = load_cache(tmp_path / "e.safetensors", work.lm)
-    assert torch.equal(loaded.attention_bias(), spliced.attention_bias())
+    assert torch.equal(loaded.attention_bias(), spliced.attention_bias())  # bit for bit
+    assert torch.equal(loaded.segments[1].separable.real, torch.isfinite(segment.bias))
     save_cache(spliced, tmp_path / "k.safetensors")  # a K/V file: the real entries only, though masks interleave
     with safe_open(str(tmp_path / "k.safetensors"), framework="pt") as f:
         assert f.get_slice("segments.1.keys_real").get_shape()[0] == int(torch.isfinite(segment.bias).sum())

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import MASKED, per_head_index
+from vkv.compress.head_budget import per_head_index
+from vkv.kv.segment import MASKED
 
 SELECTIONS = ("attention", "omp")
 BIASES = ("fit", "shared", "none")

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import torch
 
+from vkv.kv.segment import MASKED, SeparableBias
+
 HEAD_BUDGETS = ("shared", "uniform", "adaptive")
 ADAKV_SAFEGUARD = 0.2  # AdaKV's α: every head keeps at least this share of the uniform budget
-MASKED = float("-inf")  # the bias of a padding slot: no query ever attends to it
 
 
 def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,11 +48,13 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.
     return torch.where(real, order, order[..., :1]), real
 
 
-def mask_per_head(scores: torch.Tensor, bias: torch.Tensor, budget: int, rule: str) -> torch.Tensor:
-    """Entries kept in place, each head attending only to its share: `bias` `[layers, heads, n]` with every entry
-    outside the head's `per_head_index(scores, budget, rule)` masked (−inf), and the kept entries' biases raised so
-    that each head's entries keep the total weight Σ exp(bias) they had (n tokens stay n tokens' worth of mass)."""
+def mask_per_head(scores: torch.Tensor, per_entry: torch.Tensor, budget: int, rule: str) -> SeparableBias:
+    """Entries kept in place, each head attending only to its share: the bias `per_entry` `[n]`, shared by every head,
+    with every entry outside the head's `per_head_index(scores, budget, rule)` masked (−inf), and the kept entries'
+    raised by one offset per head so that they keep the total weight Σ exp(bias) all n had (n tokens stay n tokens'
+    worth of mass). `scores` `[layers, heads, n]`."""
     index, real = per_head_index(scores, budget, rule)
     kept = torch.zeros(scores.shape, dtype=torch.int32).scatter_add_(-1, index, real.int()) > 0
-    masked = bias.masked_fill(~kept, MASKED)
-    return masked + (bias.logsumexp(-1) - masked.logsumexp(-1))[..., None]
+    shared = per_entry.float().expand(scores.shape)
+    offset = shared.logsumexp(-1) - shared.masked_fill(~kept, MASKED).logsumexp(-1)
+    return SeparableBias(per_entry.float(), offset, kept)

@@ -189,7 +189,7 @@ def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts,
     keys, values = virtual_kv(lm, result.embeddings, positions, prefix)
     per_layer = v_loss(values, targets)
     stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    return _VirtualPart(keys, values, positions, result.embeddings, stats, problem.bias(compress, keys, budget))
+    return _VirtualPart(keys, values, positions, result.embeddings, stats, problem.bias(compress, keys, budget)[0])
 
 
 def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:

@@ -19,7 +19,7 @@ from vkv.compress.pooling import Blocks, block_weights
 from vkv.compress.positions import virtual_positions
 from vkv.compress.targets import AttentionTargets, Targets, attention_targets, build_targets, target_kind
 from vkv.errors import VkvError
-from vkv.kv.segment import mass_bias
+from vkv.kv.segment import SeparableBias, mass_bias
 from vkv.lm.capture import Activations, capture_span
 from vkv.lm.frozen import FrozenLM
 
@@ -100,23 +100,30 @@ class SpanProblem:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
         return self.blocks.sizes() if config.proportional_attention else None
 
-    def bias(self, config: CompressConfig, keys: torch.Tensor, budget: int) -> torch.Tensor | None:
+    def bias(
+        self, config: CompressConfig, keys: torch.Tensor, budget: int
+    ) -> tuple[torch.Tensor | None, SeparableBias | None]:
         """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
         `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention; with head_share uniform or
         adaptive, each KV head's tokens beyond its share of `budget` masked (−inf); with fit_bias, fitted for the
-        tokens each head keeps."""
+        tokens each head keeps. Second: the same bias as per-token and per-head numbers when it is their sum (a
+        head-wise mask without fit_bias), which files store in a fraction of the bytes."""
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
+        per_entry = torch.zeros(k) if mass is None else mass.float().log()
         bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
         if self.readout is None:
-            return None if mass is None else bias
+            return (None if mass is None else bias), None
         rows = layers * kv_heads
         queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
         keys = keys.float().cpu().reshape(rows, k, dim)
+        separable = None
         if config.head_share != "all":  # am's order: choose each head's entries, then (with fit_bias) fit their β
             # each token's score in a head: the mean attention the span's own queries give it among the k
             scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
-            bias = mask_per_head(scores.reshape(layers, kv_heads, k), bias, budget, config.head_share)
+            separable = mask_per_head(scores.reshape(layers, kv_heads, k), per_entry, budget, config.head_share)
+            bias = separable.dense()
         if config.fit_bias:
             bias = fit_bias(queries, log_mass, keys, bias.reshape(rows, k)).reshape(layers, kv_heads, k)
-        return bias
+            separable = None
+        return bias, separable

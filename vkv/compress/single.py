@@ -61,8 +61,8 @@ def virtual_segment(
             "trace": trace,
         }
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
-    bias = problem.bias(config, keys, budget)
-    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias)
+    bias, separable = problem.bias(config, keys, budget)
+    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
 
 
 def compress_span(

@@ -13,14 +13,16 @@ from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
 from vkv.kv.rebuild import StoredSegment, check_rebuildable, rebuild
-from vkv.kv.segment import KINDS, Segment, mass_bias
+from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
 from vkv.kv.spliced import SplicedCache
 
 if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
 
-FORMAT_VERSION = 3  # 3: padded segments stored flat; 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
-READABLE_VERSIONS = (1, 2, 3)
+# 4: a separable bias as per-entry and per-head numbers and a bit mask; 3: padded segments stored flat;
+# 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 STORES = ("kv", "embeddings")  # the header's `store` (absent: kv); embeddings: no K/V, rebuilt at load
 
 
@@ -75,7 +77,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         if seg.embeddings is not None:
             tensors[f"segments.{i}.embeddings"] = seg.embeddings.float().contiguous().cpu()
         if seg.bias is not None and not flat:
-            tensors[f"segments.{i}.bias"] = seg.bias.float().contiguous().cpu()
+            tensors.update(_bias_tensors(seg, i))
     header = {
         "format_version": FORMAT_VERSION,
         "vkv_version": __version__,
@@ -89,6 +91,33 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
     }
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
+
+
+def _bias_tensors(seg: Segment, i: int) -> dict[str, torch.Tensor]:
+    """Segment i's bias: as `bias_per_entry` `[entries]`, `bias_per_head` `[layers, kv_heads]` and `bias_mask` (the
+    reachable slots, `[layers, kv_heads, entries]` packed 8 to a byte) when the segment carries it in that form and the
+    form gives back its floats exactly (head-wise virtual tokens: a quarter of the bytes of an embedding per entry
+    becomes a 32nd); else dense `bias` `[layers, kv_heads, entries]`."""
+    s, bias = seg.separable, seg.bias.float().cpu()
+    if s is None or s.real.shape != bias.shape or not torch.equal(s.dense().cpu(), bias):
+        return {f"segments.{i}.bias": bias.contiguous()}
+    return {
+        f"segments.{i}.bias_per_entry": s.per_entry.float().contiguous().cpu(),
+        f"segments.{i}.bias_per_head": s.per_head.float().contiguous().cpu(),
+        f"segments.{i}.bias_mask": _pack_bits(s.real.cpu()),
+    }
+
+
+def _pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as uint8 `[ceil(numel / 8)]`, 8 elements per byte in row-major order, first in the high bit."""
+    bits = torch.cat([mask.flatten(), mask.new_zeros(-mask.numel() % 8)]).view(-1, 8).to(torch.uint8)
+    return (bits << torch.arange(7, -1, -1, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+
+
+def _unpack_bits(packed: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Inverse of `_pack_bits`: bool `shape`."""
+    bits = (packed.to(torch.uint8)[:, None] >> torch.arange(7, -1, -1, dtype=torch.uint8)) & 1
+    return bits.flatten()[: torch.Size(shape).numel()].view(shape).bool()
 
 
 def _every_head_reaches(real: torch.Tensor) -> bool:
@@ -221,7 +250,7 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         positions,
         tensors.get(f"segments.{i}.embeddings"),
         row.get("stats", {}),
-        _bias_from(tensors, i, tuple(keys.shape[:3]), where),
+        *_bias_from(tensors, i, tuple(keys.shape[:3]), where),
     )
 
 
@@ -251,15 +280,19 @@ def _stored_from(tensors, i: int, row: dict, spec: dict, path: Path) -> StoredSe
         vocab = spec.get("vocab_size") or 0
         if data.is_floating_point() or (entries and not 0 <= int(data.min()) <= int(data.max()) < vocab):
             raise VkvError(f"{where}.ids: token ids must be integers below the vocabulary size {vocab}")
-    bias = _bias_from(tensors, i, (spec.get("num_layers"), spec.get("num_kv_heads"), entries), where)
+    bias, separable = _bias_from(tensors, i, (spec.get("num_layers"), spec.get("num_kv_heads"), entries), where)
     ids = data.tolist() if kind == "verbatim" else None
     embeddings = data.float() if kind == "virtual" else None
-    return StoredSegment(kind, span, positions.float(), ids, embeddings, bias, row.get("stats", {}))
+    return StoredSegment(kind, span, positions.float(), ids, embeddings, bias, row.get("stats", {}), separable)
 
 
-def _bias_from(tensors, i: int, shape: tuple, where: str) -> torch.Tensor | None:
-    """Segment i's bias `[layers, kv_heads, entries]` = `shape` (version 1: from its `mass`), or None."""
+def _bias_from(tensors, i: int, shape: tuple, where: str) -> tuple[torch.Tensor | None, SeparableBias | None]:
+    """Segment i's bias `[layers, kv_heads, entries]` = `shape` (version 1: from its `mass`; version 4: from its
+    separable form, see `_separable_from`), or None; and that separable form, or None."""
     bias = tensors.get(f"segments.{i}.bias")
+    separable = _separable_from(tensors, i, shape, where)
+    if separable is not None:
+        bias = separable.dense()
     mass = tensors.get(f"segments.{i}.mass")  # version 1: proportional attention's token counts
     if mass is not None:
         if mass.shape != (shape[2],) or not bool((mass > 0).all()):
@@ -271,4 +304,26 @@ def _bias_from(tensors, i: int, shape: tuple, where: str) -> torch.Tensor | None
             f"{where}.bias: expected finite values (or −inf for padding) of shape (layers, kv_heads, entries) = "
             f"{shape}, got {tuple(bias.shape)}"
         )
-    return bias
+    return bias, separable
+
+
+def _separable_from(tensors, i: int, shape: tuple, where: str) -> SeparableBias | None:
+    """Segment i's bias as `_bias_tensors` stores it in per-entry and per-head form, checked against `shape`
+    `(layers, kv_heads, entries)`; None when the file stores no such form."""
+    names = ("bias_per_entry", "bias_per_head", "bias_mask")
+    parts = [tensors.get(f"segments.{i}.{name}") for name in names]
+    if all(p is None for p in parts):
+        return None
+    per_entry, per_head, packed = parts
+    if (
+        any(p is None for p in parts)
+        or tuple(per_entry.shape) != shape[2:]
+        or tuple(per_head.shape) != shape[:2]
+        or packed.dtype != torch.uint8
+        or tuple(packed.shape) != (-(-torch.Size(shape).numel() // 8),)
+    ):
+        raise VkvError(
+            f"{where}.bias_mask: a separable bias needs {', '.join(names)} of shapes {shape[2:]}, {shape[:2]} and "
+            f"the {torch.Size(shape).numel()} mask bits of (layers, kv_heads, entries) = {shape} packed as uint8"
+        )
+    return SeparableBias(per_entry.float(), per_head.float(), _unpack_bits(packed, shape))

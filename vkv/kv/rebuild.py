@@ -17,7 +17,7 @@ import torch
 
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, SeparableBias
 from vkv.kv.splice import reencode
 from vkv.kv.spliced import SplicedCache
 
@@ -36,6 +36,7 @@ class StoredSegment:
     embeddings: torch.Tensor | None = None  # virtual: [entries, hidden] float32
     bias: torch.Tensor | None = None  # [layers, kv_heads, entries]
     stats: dict[str, Any] = field(default_factory=dict)
+    separable: SeparableBias | None = None  # `bias` as the file stored it, when per-entry and per-head numbers
 
 
 def virtual_kv(
@@ -60,7 +61,7 @@ def rebuild(lm: FrozenLM, stored: list[StoredSegment], next_position: int, meta:
             # (sequential), which forward_kv casts to that dtype: the same numbers either way
             keys, values = virtual_kv(lm, s.embeddings, s.positions, cache.kv().to(lm.device, lm.dtype))
             segment = Segment(s.kind, s.span, keys, values, s.positions, s.embeddings)
-        segment.stats, segment.bias = s.stats, s.bias
+        segment.stats, segment.bias, segment.separable = s.stats, s.bias, s.separable
         cache.append(segment)
     cache.next_position = next_position
     return cache

@@ -11,6 +11,23 @@ import torch
 from vkv.kv.prefix import KVPrefix
 
 KINDS = ("verbatim", "virtual", "compact")  # compact: real keys, chosen per layer and KV head, fitted biases/values
+MASKED = float("-inf")  # the bias of a padding slot: no query ever attends to it
+
+
+@dataclass(frozen=True)
+class SeparableBias:
+    """A bias `[layers, kv_heads, entries]` that is one number per entry plus one per layer and KV head where `real`,
+    −inf elsewhere: what masking a bias shared by every head per head gives (compress/head_budget.py). A file stores
+    these (the mask as bits) instead of the dense floats; `dense()` gives back the same floats, bit for bit, because
+    it is the same float32 sum the mask computed."""
+
+    per_entry: torch.Tensor  # [entries] float32
+    per_head: torch.Tensor  # [layers, kv_heads] float32
+    real: torch.Tensor  # [layers, kv_heads, entries] bool: the slots attention reaches
+
+    def dense(self) -> torch.Tensor:
+        """`[layers, kv_heads, entries]` float32."""
+        return (self.per_entry.float() + self.per_head.float()[..., None]).masked_fill(~self.real, MASKED)
 
 
 @dataclass
@@ -27,6 +44,7 @@ class Segment:
     bias: torch.Tensor | None = None  # [layers, kv_heads, entries] float32, added to every later query's attention
     # logit for the entry, per layer and KV head (a fitted bias; or proportional attention's log of the tokens an
     # entry stands for, shared by all); None: no bias
+    separable: SeparableBias | None = None  # `bias` again as per-entry and per-head numbers, when it is that sum
 
     @property
     def entries(self) -> int:

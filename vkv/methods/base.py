@@ -76,7 +76,7 @@ class SpanWork:
         `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets: each head's real slots
         first), slots that are False are padding, copies of the head's first entry masked by a bias of −inf.
         Entry j's position is the mean original position of the j-th real entries of every head."""
-        from vkv.compress.head_budget import MASKED
+        from vkv.kv.segment import MASKED
 
         keys, span_values = self.span_kv()
         gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
