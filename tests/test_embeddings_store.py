@@ -110,7 +110,8 @@ def test_the_embeddings_file_is_smaller_by_the_virtual_segments_factor(smol, cac
 
     assert (virtual_bytes(caches.kv), virtual_bytes(caches.embeddings)) == (kv, embeddings)
     kv_bytes, embeddings_bytes = caches.kv.stat().st_size, caches.embeddings.stat().st_size
-    assert kv_bytes / embeddings_bytes >= kv / embeddings > 8, (kv_bytes, embeddings_bytes)
+    # the whole file gains more than the virtual segment: its verbatim segments keep token ids instead of K/V
+    assert kv_bytes / embeddings_bytes > max(8, kv / embeddings), (kv_bytes, embeddings_bytes)
 
 
 def test_cli_store_flag_writes_and_inspect_reports_both_stores(caches, tmp_path, capsys):

@@ -39,7 +39,7 @@ def session(tiny_llama, transcript):
     """Messages 0-4 appended, 1-3 compressed online at 2×, then 5-7 appended one at a time."""
     s = Session(tiny_llama, MultiTurnConfig(FAST, targets="online"))
     s.extend(list(transcript.messages[:5]))
-    s.compress(turns=(1, 4), ratio=2.0)
+    s.compress(turns=(1, 4), ratio=4.0)
     for message in transcript.messages[5:]:
         s.append(message)
     return s
