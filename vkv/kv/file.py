@@ -96,8 +96,8 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
 def _bias_tensors(seg: Segment, i: int) -> dict[str, torch.Tensor]:
     """Segment i's bias: as `bias_per_entry` `[entries]`, `bias_per_head` `[layers, kv_heads]` and `bias_mask` (the
     reachable slots, `[layers, kv_heads, entries]` packed 8 to a byte) when the segment carries it in that form and the
-    form gives back its floats exactly (head-wise virtual tokens: a quarter of the bytes of an embedding per entry
-    becomes a 32nd); else dense `bias` `[layers, kv_heads, entries]`."""
+    form gives back its floats exactly (head-wise virtual tokens: a float per layer, KV head and slot becomes one per
+    slot and one bit per layer, KV head and slot); else dense `bias` `[layers, kv_heads, entries]`."""
     s, bias = seg.separable, seg.bias.float().cpu()
     if s is None or s.real.shape != bias.shape or not torch.equal(s.dense().cpu(), bias):
         return {f"segments.{i}.bias": bias.contiguous()}
