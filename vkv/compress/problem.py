@@ -110,7 +110,6 @@ class SpanProblem:
         head-wise mask without fit_bias), which files store in a fraction of the bytes."""
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
-        per_entry = torch.zeros(k) if mass is None else mass.float().log()
         bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
         if self.readout is None:
             return (None if mass is None else bias), None
@@ -121,6 +120,7 @@ class SpanProblem:
         if config.head_share != "all":  # am's order: choose each head's entries, then (with fit_bias) fit their β
             # each token's score in a head: the mean attention the span's own queries give it among the k
             scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
+            per_entry = bias[0, 0]  # shared by every layer and head until the mask
             separable = mask_per_head(scores.reshape(layers, kv_heads, k), per_entry, budget, config.head_share)
             bias = separable.dense()
         if config.fit_bias:

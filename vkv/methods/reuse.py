@@ -118,14 +118,4 @@ def _reencoded(work: SpanWork, segment: Segment, history: SplicedCache) -> Segme
         )
     lm = work.lm
     keys, values = virtual_kv(lm, segment.embeddings, segment.positions, history.kv().to(lm.device, lm.dtype))
-    return Segment(
-        "virtual",
-        segment.span,
-        keys,
-        values,
-        segment.positions,
-        segment.embeddings,
-        segment.stats,
-        segment.bias,
-        segment.separable,
-    )
+    return replace(segment, keys=keys, values=values)  # every other field as it was
