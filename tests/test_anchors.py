@@ -6,8 +6,9 @@ import torch
 from tests.conftest import FIXTURES
 from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls
 from vkv.evals.runner import EvalSettings, TranscriptEval
-from vkv.kv.file import load_cache, save_cache
+from vkv.kv.file import save_cache
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
 
@@ -104,7 +105,7 @@ def test_am_with_every_entry_answers_as_the_full_context_does(evaluation):
     full = evaluation.splice(work.keep(list(range(work.span_length))))
     compacted = evaluation.splice(segment)
     probe = evaluation.questions[0].prompt
-    from vkv.kv.context import Context
+    from vkv.lm.context import Context
 
     torch.testing.assert_close(
         Context(work.lm, compacted).feed(probe), Context(work.lm, full).feed(probe), atol=2e-3, rtol=1e-3

@@ -101,7 +101,7 @@ def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
 
 def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_path, tmp_path, test_model_dir):
     from vkv.cli import main
-    from vkv.kv.file import load_cache
+    from vkv.lm.rebuild import load_cache
 
     out = tmp_path / "c.safetensors"
     assert (

@@ -70,7 +70,7 @@ def test_unknown_boundaries_are_refused(tiny_llama):
 
 def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model_dir):
     from vkv.cli import main
-    from vkv.kv.file import load_cache
+    from vkv.lm.rebuild import load_cache
 
     out = tmp_path / "c.safetensors"
     assert (

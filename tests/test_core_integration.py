@@ -7,7 +7,7 @@ from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.single import compress_transcript
-from vkv.kv.context import Context
+from vkv.lm.context import Context
 from vkv.text.transcript import load_transcript
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,10 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.single import compress_transcript
 from vkv.errors import VkvError
-from vkv.kv.file import load_cache, read_header, save_cache
+from vkv.kv.file import read_header, save_cache
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.rebuild import load_cache
 from vkv.text.transcript import load_transcript, render
 from vkv.text.windows import select_windows
 

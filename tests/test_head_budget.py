@@ -13,11 +13,12 @@ from vkv.compress.reconstruction import ReconstructionPass
 from vkv.compress.sequential import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
-from vkv.kv.context import Context
-from vkv.kv.file import load_cache, read_header, save_cache
+from vkv.kv.file import read_header, save_cache
 from vkv.kv.report import entries_text, report_rows
 from vkv.kv.segment import verbatim_segment
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.context import Context
+from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
 from vkv.methods.base import SpanWork
 from vkv.methods.turns import TurnWork

@@ -13,12 +13,13 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.single import compress_span
 from vkv.errors import VkvError
-from vkv.kv.context import Context
-from vkv.kv.file import load_cache, save_cache
+from vkv.kv.file import save_cache
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
+from vkv.lm.context import Context
+from vkv.lm.rebuild import load_cache
 from vkv.text.transcript import load_transcript, render
 
 

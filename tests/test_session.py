@@ -14,12 +14,12 @@ from vkv.compress.sequential import MultiTurnConfig, allocate, message_turns
 from vkv.compress.session import Session
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
-from vkv.kv.context import Context
 from vkv.kv.file import cache_metadata, read_header, save_cache
 from vkv.kv.report import report_rows, report_totals
 from vkv.kv.segment import SegmentGroup
-from vkv.kv.splice import reencode
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.context import Context
+from vkv.lm.splice import reencode
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript, render
 

@@ -20,10 +20,10 @@ _API = {
     "compress_transcript": "vkv.compress.single",
     "Session": "vkv.compress.session",
     "SplicedCache": "vkv.kv.spliced",
-    "generate": "vkv.kv.generate",
+    "generate": "vkv.lm.generate",
     "Segment": "vkv.kv.segment",
     "save_cache": "vkv.kv.file",
-    "load_cache": "vkv.kv.file",
+    "load_cache": "vkv.lm.rebuild",
     "load_transcript": "vkv.text.transcript",
     "get_method": "vkv.methods",
 }

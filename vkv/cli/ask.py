@@ -8,8 +8,9 @@ from vkv.cli.common import add_model_args, console, load_from_args, recorded_tra
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from vkv.kv.context import Context
-    from vkv.kv.file import load_cache, read_header
+    from vkv.kv.file import read_header
+    from vkv.lm.context import Context
+    from vkv.lm.rebuild import load_cache
     from vkv.text.transcript import followup, render
 
     header = read_header(args.cache)

@@ -23,7 +23,8 @@ def open_session(source: str, lm, recipe):
     a transcript's messages verbatim and compressing with `recipe`."""
     from vkv.compress.sequential import MultiTurnConfig
     from vkv.compress.session import Session, message_dict
-    from vkv.kv.file import load_cache, read_header
+    from vkv.kv.file import read_header
+    from vkv.lm.rebuild import load_cache
     from vkv.text.transcript import load_transcript
 
     path = Path(source)

@@ -38,7 +38,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vkv.cli.multiturn import method_options
     from vkv.evals.runner import EvalSettings, TranscriptEval
     from vkv.evals.summary import aggregate
-    from vkv.kv.file import load_cache
+    from vkv.lm.rebuild import load_cache
     from vkv.methods import METHODS, get_method
     from vkv.progress import step_bar
 

@@ -11,7 +11,7 @@ from vkv.cli.common import console, key_value_table, write_json
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from vkv.kv.file import read_header
-    from vkv.kv.report import entries_text, segment_row, storage
+    from vkv.kv.report import entries_text, memory_text, report_rows, storage
 
     header = read_header(args.cache)
     stored = storage(args.cache, header)
@@ -19,9 +19,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)
     console.print(key_value_table(f"{args.cache}", meta))
     table = Table(title="segments")
-    for col in ("#", "kind", "span", "tokens", "entries", "ratio", "loss init→best", "steps"):
+    for col in ("#", "kind", "span", "tokens", "entries", "ratio", "in memory", "loss init→best", "steps"):
         table.add_column(col)
-    for i, seg in enumerate(header["segments"]):
+    for i, (seg, row) in enumerate(zip(header["segments"], report_rows(header))):
         st = seg.get("stats", {})
         loss = f"{st['initial_loss']:.4f}→{st['best_loss']:.4f}" if "best_loss" in st else "—"
         span = seg["span"]
@@ -30,8 +30,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             seg["kind"],
             f"{span[0]}–{span[1]}",
             str(span[1] - span[0]),
-            entries_text(segment_row(seg)),
+            entries_text(row),
             f"{seg['ratio']:.2f}",
+            memory_text(row),
             loss,
             str(st.get("steps", "—")),
         )

@@ -21,6 +21,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "cache":
+        from vkv.tools.bench_cache import run_bench_cache
+
+        return run_bench_cache(args)
     from vkv.tools.bench import run_bench
 
     return run_bench(args)
@@ -39,12 +43,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="also write the report to this file")
 
     from vkv.tools.bench import add_bench_args
+    from vkv.tools.bench_cache import add_bench_cache_args
     from vkv.tools.memory import add_plan_args
 
     p = sub.add_parser("bench", help="benchmarks")
     p.set_defaults(run=cmd_bench)
     bsub = p.add_subparsers(dest="bench_command", required=True)
     add_bench_args(bsub.add_parser("optimizer", help="vkv's optimiser vs a straightforward loop and the compute floor"))
+    add_bench_cache_args(
+        bsub.add_parser("cache", help="bytes, peak memory and decode time of compressed caches: padded vs ragged")
+    )
     p = sub.add_parser("plan", help="memory budget of a compression run, computed from the model config")
     p.set_defaults(run=cmd_plan)
     add_plan_args(p)

@@ -15,6 +15,7 @@ import torch
 
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.ragged import RaggedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import setting
 
@@ -112,12 +113,11 @@ def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:
 
 def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) -> torch.Tensor:
     """Log-probabilities `[len(ids), vocab]` of the tokens after each of `ids`, fed at `position` on `context`."""
-    cache = context.to_dynamic_cache(lm)
+    cache = RaggedCache.from_prefix(context.to(lm.device, lm.dtype), position)  # autograd-tracked entries stay so
     n = len(ids)
     out = lm.model(
         input_ids=torch.tensor([ids], device=lm.device),
         position_ids=torch.arange(position, position + n, device=lm.device, dtype=torch.float32)[None],
-        attention_mask=lm.causal_mask(context.length, n),
         **lm.with_cache(cache),
         use_cache=True,
     )
@@ -126,9 +126,9 @@ def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) ->
 
 def _greedy(lm: FrozenLM, context: KVPrefix, position: int, prompt: list[int], max_new: int) -> list[int]:
     """The full-context model's own greedy answer to the prompt (stops at an end-of-turn token)."""
-    from vkv.kv.context import Context
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
+    from vkv.lm.context import Context
 
     spliced = SplicedCache()
     spliced.append(verbatim_segment(context, 0))

@@ -35,10 +35,10 @@ from vkv.compress.problem import SpanProblem
 from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.rebuild import virtual_kv
 from vkv.settings import from_dict
 
 KEEP_BY = ("v-uniqueness", "surprisal")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.kv.context import Context
 from vkv.lm.capture import projection_hooks
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 
 REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
@@ -21,12 +21,13 @@ class ReconstructionPass:
     """The read-out of a span after the context it is compressed in (the verbatim conversation, or per turn the
     running compressed cache) and the repeat request. Rows are physical cache indices, positions logical ones."""
 
-    span_rows: tuple[int, int]  # where the span's own entries sit in `keys`
+    span_rows: tuple[int, int]  # where the span's own entries sit among the fed rows of `keys`
     queries: torch.Tensor  # [layers, heads, n, head_dim] pre-RoPE queries of the repeated span tokens
     positions: torch.Tensor  # [n] their logical positions
-    query_rows: torch.Tensor  # [n] their rows in `keys` (each sees the rows up to its own)
-    keys: list[torch.Tensor]  # per layer [kv_heads, N, head_dim] post-RoPE keys of the whole pass
-    bias: torch.Tensor | None  # [layers, kv_heads, prefix rows]: the compressed context's entry biases, if any
+    query_rows: torch.Tensor  # [n] their rows among the fed rows (each sees the rows up to its own)
+    keys: list[torch.Tensor]  # per layer [kv_heads, N_layer, head_dim] post-RoPE keys of the whole pass
+    bias: list[torch.Tensor]  # per layer [kv_heads, N_layer] float32: every entry's bias (−inf on padding)
+    fed: list[int]  # per layer, the row of `keys` where the dense rows start (a padded context's flat heads first)
 
     @classmethod
     def run(cls, work) -> ReconstructionPass:
@@ -39,13 +40,15 @@ class ReconstructionPass:
         base, first = context.length, len(span) + len(request)  # read-out: fed tokens [first, first + n)
         with projection_hooks(lm, first, first + len(span), queries=True) as store:
             context.feed(span + request + span)
+        layers = [layer.materialize() for layer in context.cache.layers]
         return cls(
             (base, base + len(span)),
             torch.stack(store["queries_pre_rope"]),
             torch.arange(len(span)).float() + prefix.next_position + first,
             torch.arange(len(span)) + base + first,
-            [layer.keys[0] for layer in context.cache.layers],
-            prefix.attention_bias(),
+            [keys[0] for keys, _, _ in layers],
+            [bias[0] for _, _, bias in layers],
+            [layer.slots for layer in context.cache.layers],
         )
 
     def scores(self, lm: FrozenLM) -> torch.Tensor:
@@ -58,12 +61,12 @@ class ReconstructionPass:
             q = lm.rotate(self.queries[layer].to(lm.device).float(), self.positions)  # [H, nq, D]
             k = keys.float().repeat_interleave(group, dim=0)  # [H, N, D]
             scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
-            if self.bias is not None:
-                prefix = self.bias.shape[-1]
-                scores[..., :prefix] += self.bias[layer].to(scores.device).repeat_interleave(group, dim=0)[:, None]
-            rows = self.query_rows.to(scores.device)
+            scores += self.bias[layer].to(scores.device).repeat_interleave(group, dim=0)[:, None]
+            fed = self.fed[layer]
+            rows = self.query_rows.to(scores.device) + fed
             visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= rows[:, None]
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, slice(*self.span_rows)]
+            span = slice(self.span_rows[0] + fed, self.span_rows[1] + fed)
+            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, span]
             out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
         return torch.stack(out).cpu()
 

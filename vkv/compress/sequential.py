@@ -31,11 +31,11 @@ from vkv.compress.problem import SpanProblem, needs_queries
 from vkv.compress.single import virtual_segment
 from vkv.compress.targets import Targets, target_kind
 from vkv.errors import VkvError
-from vkv.kv.context import Context
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations, capture_span, projection_hooks
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 
 TARGET_MODES = ("oracle", "online")

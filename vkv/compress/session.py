@@ -26,12 +26,13 @@ from vkv.compress.autoratio import segment_loss
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_turns
 from vkv.errors import VkvError
-from vkv.kv.context import Context
-from vkv.kv.file import cache_metadata, load_cache, read_header, save_cache
+from vkv.kv.file import cache_metadata, read_header, save_cache
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.rebuild import load_cache
 from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Transcript, followup, parse_transcript
 
 
@@ -160,7 +161,7 @@ class Session:
     def generate(self, question: str, answer_prefix: str = "", **generate_kwargs: Any) -> str:
         """An answer from transformers' `generate()` continuing the compressed conversation (sampling, beams,
         streamers: any of its keyword arguments); the session is not changed."""
-        from vkv.kv.generate import generate
+        from vkv.lm.generate import generate
 
         answer = generate(self.lm, self.cache, self._prompt(question, answer_prefix), **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)

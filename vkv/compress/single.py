@@ -19,12 +19,12 @@ from vkv.compress.pooling import num_virtual_tokens
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment
-from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.rebuild import virtual_kv
+from vkv.lm.splice import splice
 
 
 def virtual_segment(

@@ -17,13 +17,13 @@ import torch
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
-from vkv.kv.context import Context
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
-from vkv.kv.splice import splice
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.splice import splice
 from vkv.methods import Method, SpanWork
 from vkv.methods.base import TextMethod
 from vkv.settings import setting
@@ -52,6 +52,23 @@ class Measurement:
     fidelity_logp: torch.Tensor  # [positions, vocab]
 
 
+def span_work(lm: FrozenLM, transcript: Transcript, rendered, start: int, end: int, seed: int = 0) -> SpanWork:
+    """What every method is given to compress tokens [start, end) of a rendered transcript: one forward pass over the
+    text up to the span's end (its K/V, the span's activations), never the questions."""
+    acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
+    return SpanWork(
+        lm,
+        list(rendered.ids),
+        start,
+        end,
+        KVPrefix.from_cache(cache),
+        acts,
+        [s.start for s in rendered.spans],
+        seed=seed,
+        message_roles=[m.role for m in transcript.messages],
+    )
+
+
 class TranscriptEval:
     """One transcript prepared for scoring: rendering, span, prompts, shared work and both references."""
 
@@ -70,21 +87,11 @@ class TranscriptEval:
         if not transcript.questions:
             raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
-        acts, cache = capture_span(lm, self.rendered.ids, self.start, self.end, keep_cache=True)
-        self.work = SpanWork(
-            lm,
-            list(self.rendered.ids),
-            self.start,
-            self.end,
-            KVPrefix.from_cache(cache),
-            acts,
-            [s.start for s in self.rendered.spans],
-            seed=self.settings.seed,
-            message_roles=[m.role for m in transcript.messages],
-        )
-        self.full = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
-        self.none = self.measure(self.splice(None))
-        self.references = {"full": self.full, "none": self.none}  # the reference methods, measured once
+        self.work = span_work(lm, transcript, self.rendered, self.start, self.end, self.settings.seed)
+        self.full, full_memory = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
+        self.none, none_memory = self.measure(self.splice(None))
+        # the reference methods, measured once
+        self.references = {"full": (self.full, full_memory), "none": (self.none, none_memory)}
 
     def _prepare(self, q: Question, rendered, transcript: Transcript) -> PreparedQuestion:
         prompt, text = followup(self.lm.tokenizer, rendered, transcript, q.question, q.answer_prefix)
@@ -97,8 +104,12 @@ class TranscriptEval:
         """System prefix verbatim, the method's segment (or segments, in span order), the rest re-encoded."""
         return splice(self.lm, self.work.kv, self.start, self.end, segments, self.rendered.ids[self.end :])
 
-    def measure(self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None) -> list[Measurement]:
+    def measure(
+        self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None
+    ) -> tuple[list[Measurement], dict[str, Any]]:
+        """Each question scored on the cache, and what the cache holds in memory for the span."""
         context = Context(self.lm, spliced)
+        memory = self.memory(context.cache.span_nbytes(self.start, self.end), context.cache.nbytes)
         results = []
         for pq in questions or self.questions:
             lps, fidelity, answer_ids = context.score(pq.prompt, pq.choices, self.settings.max_new_tokens)
@@ -110,7 +121,23 @@ class TranscriptEval:
                     fidelity_logp=fidelity,
                 )
             )
-        return results
+        return results, memory
+
+    def memory(self, span_bytes: int, cache_bytes: int, span_tokens: int | None = None) -> dict[str, Any]:
+        """Bytes in memory: the decoding cache's (`cache_memory_bytes`, measured from its tensors), those it holds
+        for the span's entries (`span_memory_bytes`: keys, values, biases and per-head offsets), the span's full K/V
+        in the same dtype (`span_full_bytes`), and `ratio_memory`, the second over the third."""
+        layers, heads, dim = self.lm.cache_shape
+        item = torch.empty(0, dtype=self.lm.dtype).element_size()
+        full = (self.end - self.start) * layers * heads * 2 * dim * item
+        if span_tokens is not None:  # a text method's pruned span, prefilled verbatim: its tokens' K/V
+            span_bytes = span_tokens * layers * heads * 2 * dim * item
+        return {
+            "cache_memory_bytes": cache_bytes,
+            "span_memory_bytes": span_bytes,
+            "span_full_bytes": full,
+            "ratio_memory": round(full / span_bytes, 4) if span_bytes else None,
+        }
 
     # ---- scoring ---------------------------------------------------------------------------------
     def evaluate(self, method: Method, ratio: float | None, on_step: Callable | None = None) -> dict[str, Any]:
@@ -122,8 +149,7 @@ class TranscriptEval:
         measured = self.references[method.name] if method.reference else None
         seconds = time.perf_counter() - started
         spliced = self.splice(segment)
-        if measured is None:
-            measured = self.measure(spliced)
+        measured, memory = measured or self.measure(spliced)
         return self.result(
             method.name,
             method.config(),
@@ -134,6 +160,7 @@ class TranscriptEval:
             seconds,
             segment.stats if segment is not None else {},
             slots=spliced.span_entries(self.start, self.end, padded=True),
+            memory=memory,
         )
 
     def _evaluate_text(self, method: TextMethod, ratio: float) -> dict[str, Any]:
@@ -152,8 +179,9 @@ class TranscriptEval:
         entries = round(mean(run["entries"] for run in runs))
         seconds = sum(run["seconds"] for run in runs)
         stats = {"text_report": [run["report"] for run in runs]}
+        memory = self.memory(0, round(mean(run["cache_bytes"] for run in runs)), span_tokens=entries)
         return self.result(
-            method.name, method.config(), method.question_aware, ratio, entries, measured, seconds, stats
+            method.name, method.config(), method.question_aware, ratio, entries, measured, seconds, stats, memory=memory
         )
 
     def _prune_and_measure(
@@ -174,8 +202,10 @@ class TranscriptEval:
         spliced.append(verbatim_segment(KVPrefix.from_cache(cache), 0))
         prepared = [self._prepare(pq.question, rendered, shorter) for pq in questions]
         report = {"query": queries[-1], "messages": dropped_lines(messages[first:last], contents, first)}
+        measured, memory = self.measure(spliced, prepared)
         return {
-            "measured": self.measure(spliced, prepared),
+            "measured": measured,
+            "cache_bytes": memory["cache_memory_bytes"],
             "entries": end - start,
             "seconds": seconds,
             "report": report,
@@ -193,23 +223,26 @@ class TranscriptEval:
                 f"cache stands for {spliced.next_position} tokens but the transcript renders to "
                 f"{len(self.rendered.ids)}; was it built from this transcript with the default span?"
             )
+        measured, memory = self.measure(spliced)
         return self.result(
             label,
             spliced.meta.get("config", {}),
             False,
             None,
             spliced.span_entries(self.start, self.end),
-            self.measure(spliced),
+            measured,
             0.0,
             {},
             slots=spliced.span_entries(self.start, self.end, padded=True),
+            memory=memory,
         )
 
     def result(
-        self, name, config, question_aware, ratio, entries, measured, seconds, stats, slots=None
+        self, name, config, question_aware, ratio, entries, measured, seconds, stats, slots=None, memory=None
     ) -> dict[str, Any]:
-        """One run's record; `entries` are the span's real entries per layer and KV head, `slots` what the cache
-        stores for them (more with head-wise budgets' padding; default: `entries`)."""
+        """One run's record; `entries` are the span's real entries per layer and KV head, `slots` the slots its
+        segments hold (more with head-wise budgets' padding; default: `entries`), `memory` what the decoding cache
+        holds in bytes (`memory()`)."""
         span_tokens = self.end - self.start
         questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
         usable = [q for q in questions if not q["weak"]]
@@ -224,6 +257,7 @@ class TranscriptEval:
             "span_tokens": span_tokens,
             "compressed_entries": entries,
             "stored_entries": entries if slots is None else slots,
+            **(memory or {}),
             "seconds": round(seconds, 3),
             "question_aware": question_aware,
             "turns": list(self.turns),

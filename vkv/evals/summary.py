@@ -27,6 +27,10 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
         entries = sum(r["compressed_entries"] for r in rs)
         # What the cache stores (head-wise budgets pad): known only if every run recorded it (runs before a9da539 did not)
         stored = sum(r["stored_entries"] for r in rs) if all("stored_entries" in r for r in rs) else None
+        # Bytes the decoding cache holds for the span: known only for runs since the ragged cache recorded them
+        in_memory = all(r.get("span_memory_bytes") is not None for r in rs)
+        span_bytes = sum(r["span_memory_bytes"] for r in rs) if in_memory else None
+        full_bytes = sum(r["span_full_bytes"] for r in rs) if in_memory else None
         rows.append(
             {
                 "transcript": transcript,
@@ -34,6 +38,8 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
                 "ratio_requested": ratio,
                 "ratio_achieved": round(span / entries, 3) if entries else None,
                 "ratio_stored": round(span / stored, 3) if stored else None,
+                "ratio_memory": round(full_bytes / span_bytes, 3) if span_bytes else None,
+                "span_memory_kib": round(span_bytes / len(rs) / 1024, 1) if span_bytes is not None else None,
                 "windows": len(rs),
                 "questions": len(questions),
                 "weak": len(questions) - len(usable),

@@ -5,19 +5,16 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
-from vkv.kv.rebuild import StoredSegment, check_rebuildable, rebuild
 from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
 from vkv.kv.spliced import SplicedCache
-
-if TYPE_CHECKING:
-    from vkv.lm.frozen import FrozenLM
+from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
 
 # 4: a separable bias as per-entry and per-head numbers and a bit mask; 3: padded segments stored flat;
 # 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
@@ -41,7 +38,17 @@ def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[s
     }
 
 
-def cache_metadata(lm: FrozenLM, **extra) -> dict[str, Any]:
+class ModelIdentity(Protocol):
+    """What a cache file records of the model it was built with (a FrozenLM has all of it)."""
+
+    name: str
+    fingerprint: str
+    quant: str
+    dtype: torch.dtype
+    spec: Any  # has to_dict()
+
+
+def cache_metadata(lm: ModelIdentity, **extra) -> dict[str, Any]:
     return {
         "model": lm.name,
         "fingerprint": lm.fingerprint,
@@ -186,9 +193,9 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
-def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
-    """Read a cache file; with a model, refuse one built for another model or with inconsistent shapes. An
-    embeddings-only file needs the model: its K/V are rebuilt by forward passes (vkv.kv.rebuild)."""
+def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache | StoredCache:
+    """Read a cache file without a model: a `kv` file as a SplicedCache, an embeddings-only one as the StoredCache a
+    model rebuilds (`vkv.lm.rebuild.load_cache`). With `fingerprint`, refuse a file built for another model."""
     from safetensors.torch import load_file
 
     p = Path(path)
@@ -196,14 +203,10 @@ def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
     store = header.get("store", "kv")
     if store not in STORES:
         raise VkvError(f"{p}: field store: unknown store {store!r} (this vkv reads {', '.join(STORES)})")
-    if lm is not None and header.get("fingerprint") != lm.fingerprint:
+    if fingerprint is not None and header.get("fingerprint") != fingerprint:
         raise VkvError(
             f"{p}: field fingerprint: cache was built for model '{header.get('model')}' "
-            f"({header.get('fingerprint')}), not for '{lm.name}' ({lm.fingerprint})"
-        )
-    if store == "embeddings" and lm is None:
-        raise VkvError(
-            f"{p}: field store: an embeddings-only cache holds no keys or values; a model is needed to rebuild them"
+            f"({header.get('fingerprint')}), not for the model in hand ({fingerprint})"
         )
     try:
         tensors = load_file(str(p))
@@ -215,7 +218,7 @@ def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
     rows = header.get("segments", [])
     if store == "embeddings":
         stored = [_stored_from(tensors, i, row, spec, p) for i, row in enumerate(rows)]
-        return rebuild(lm, stored, int(header["next_position"]), meta)
+        return StoredCache(stored, int(header["next_position"]), meta)
     cache = SplicedCache(meta=meta)
     for i, row in enumerate(rows):
         cache.segments.append(_segment_from(tensors, i, row, expected, p))

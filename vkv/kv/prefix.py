@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
-
-if TYPE_CHECKING:
-    from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
@@ -93,14 +89,6 @@ class KVPrefix:
         return KVPrefix(
             [k.to(device, dtype) for k in self.keys], [v.to(device, dtype) for v in self.values], valid, bias
         )
-
-    def to_dynamic_cache(self, lm: FrozenLM):
-        """A transformers DynamicCache holding these entries on the model's device and dtype (autograd-tracked
-        when the entries are). A cache cannot hold the bias: whoever attends adds it (`FrozenLM.entry_bias`)."""
-        cache = lm.new_cache()
-        for layer, (k, v) in enumerate(zip(self.keys, self.values)):
-            cache.update(k.to(lm.device, lm.dtype), v.to(lm.device, lm.dtype), layer)
-        return cache
 
     @classmethod
     def stack(cls, prefixes: list[KVPrefix]) -> KVPrefix:

@@ -60,6 +60,14 @@ class Segment:
         return float(torch.isfinite(self.bias).sum()) / (self.bias.shape[0] * self.bias.shape[1])
 
     @property
+    def carries_bias(self) -> bool:
+        """Whether an entry a head reaches has a nonzero bias (−inf on unreached slots is padding, not a bias)."""
+        if self.bias is None:
+            return False
+        reached = self.bias[torch.isfinite(self.bias)]
+        return bool((reached != 0).any())
+
+    @property
     def original_tokens(self) -> int:
         return self.span[1] - self.span[0]
 
@@ -74,9 +82,15 @@ class Segment:
         return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values], None, bias)
 
     def entry_counts(self) -> dict[str, Any]:
-        """`entries` (slots held) and, when heads reach fewer (head-wise budgets), `real_entries`."""
-        reached = {"real_entries": round(self.real_entries, 2)} if self.real_entries != self.entries else {}
-        return {"entries": self.entries, **reached}
+        """`entries` (slots per head); when heads reach fewer (head-wise budgets), `real_entries` (their mean per layer
+        and KV head) and `reached` (their total); `biased` when a reached entry carries a nonzero bias. A cache file's header records
+        these, which is all the arithmetic of the decoding cache's memory needs (`vkv.kv.ragged.memory_plan`)."""
+        counts: dict[str, Any] = {"entries": self.entries}
+        if self.real_entries != self.entries:
+            counts.update(real_entries=round(self.real_entries, 2), reached=int(torch.isfinite(self.bias).sum()))
+        if self.carries_bias:
+            counts["biased"] = True
+        return counts
 
     def row(self) -> dict[str, Any]:
         return {

@@ -8,16 +8,14 @@ sits at the position it had in the uncompressed conversation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.ragged import RaggedCache
 from vkv.kv.segment import KINDS, Segment
-
-if TYPE_CHECKING:
-    from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
@@ -58,9 +56,12 @@ class SplicedCache:
             [torch.zeros(s.keys.shape[:3]) if s.bias is None else s.bias.float() for s in self.segments], dim=2
         )
 
-    def to_dynamic_cache(self, lm: FrozenLM):
-        """A transformers DynamicCache holding the spliced entries, on the model's device and dtype."""
-        return self.kv().to_dynamic_cache(lm)
+    def ragged(
+        self, shape: tuple[int, int, int], device: torch.device | str, dtype: torch.dtype, padded: bool = False
+    ) -> RaggedCache:
+        """The transformers Cache that decodes on these segments (`shape`: the model's layers, KV heads, head size):
+        each head's reached entries only, unless `padded` (see `RaggedCache.from_segments`)."""
+        return RaggedCache.from_segments(self.segments, self.next_position, shape, device, dtype, padded)
 
     def span_entries(self, start: int, end: int, padded: bool = False) -> float:
         """Entries standing for original tokens inside [start, end): real ones, or with `padded` the slots the cache

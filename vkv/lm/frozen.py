@@ -14,15 +14,17 @@ from typing import Any
 import torch
 
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.ragged import RaggedCache
+from vkv.kv.spliced import SplicedCache
 from vkv.lm.kernel import (
-    RecordingPrefix,
+    RecordingCache,
     StopForward,
     attend,
-    attention_bias,
     attention_masks,
     rotate_half,
     with_entry_bias,
 )
+from vkv.lm.ragged_attention import use_ragged_attention
 from vkv.lm.spec import fingerprint, spec_from_config
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
@@ -57,6 +59,7 @@ class FrozenLM:
         # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name warns, then goes)
         takes = inspect.signature(model.model.forward).parameters
         self.cache_arg = "cache" if "cache" in takes else "past_key_values"
+        use_ragged_attention(model)  # reads RaggedCaches; on any other cache it runs as it was loaded
 
     # ---- what the algorithms need -------------------------------------------------------------
     def with_cache(self, cache) -> dict[str, Any]:
@@ -66,6 +69,15 @@ class FrozenLM:
     @property
     def config(self):
         return self.model.config
+
+    @property
+    def cache_shape(self) -> tuple[int, int, int]:
+        """(layers, kv_heads, head_dim) of the K/V this model caches."""
+        return self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
+
+    def ragged_cache(self, spliced: SplicedCache, padded: bool = False) -> RaggedCache:
+        """The decoding cache of `spliced` on this model's device and in its dtype."""
+        return spliced.ragged(self.cache_shape, self.device, self.dtype, padded)
 
     @property
     def embedding_matrix(self) -> torch.Tensor:
@@ -242,66 +254,6 @@ class FrozenLM:
         finally:
             self._weight_copies, self._weight_copies_dtype = previous
 
-    @contextmanager
-    def entry_bias(self, bias: list[torch.Tensor] | None):
-        """Within the block, the model's own forward adds `bias[layer]` `[B, kv_heads, L]` to every query's
-        attention logits over the first L keys (the cached entries), per layer and KV head (a transformers cache
-        cannot hold a bias, and its attention mask is one for all layers and heads). No-op for None."""
-        if bias is None:
-            yield
-            return
-        group = self.spec.num_heads // self.spec.num_kv_heads
-        per_layer = [b.to(self.device, torch.float32).repeat_interleave(group, dim=1)[:, :, None, :] for b in bias]
-
-        def hook_for(layer: int):
-            def add_bias(_module, args, kwargs):
-                mask, b = kwargs.get("attention_mask"), per_layer[layer]
-                if mask is None:  # transformers left causality to the kernel (no padding): spell it out
-                    new = kwargs["hidden_states"].shape[1]
-                    cache = kwargs.get(self.cache_arg)
-                    past = cache.get_seq_length(layer) if cache is not None else 0
-                    mask = self.causal_mask(past, new)
-                if mask.dim() != 4:
-                    raise RuntimeError(f"entry biases need a 4-d attention mask, got shape {tuple(mask.shape)}")
-                if mask.dtype == torch.bool:  # True = may attend
-                    mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill(
-                        ~mask, torch.finfo(self.dtype).min
-                    )
-                batch = max(mask.shape[0], b.shape[0])
-                mask = mask.expand(batch, b.shape[1], mask.shape[2], mask.shape[3]).clone()
-                mask[..., : b.shape[-1]] += b.to(mask.dtype)
-                return args, {**kwargs, "attention_mask": mask}
-
-            return add_bias
-
-        modules = self.attention_modules()
-        handles = [m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(modules)]
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
-    @contextmanager
-    def position_offset(self, offset: int):
-        """Within the block, the model's own forward places tokens `offset` positions later on the RoPE axis than
-        their index in the cache: a compressed cache holds fewer entries than the positions it covers, so new
-        tokens continue at its logical position, not its physical length. No-op for 0."""
-        if not offset:
-            yield
-            return
-
-        def shift(_module, args, kwargs):
-            if "position_ids" in kwargs:
-                return args, {**kwargs, "position_ids": kwargs["position_ids"] + offset}
-            return (args[0], args[1] + offset, *args[2:]), kwargs
-
-        handle = self.model.model.rotary_emb.register_forward_pre_hook(shift, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-
     def weight_copies(self) -> list[torch.Tensor]:
         """The low-precision weight copies `compute_weights` holds right now (to count their memory)."""
         return list((self._weight_copies or {}).values())
@@ -322,17 +274,16 @@ class FrozenLM:
 
     def _forward_kv_recording(self, embeds, positions, prefix, last, token_mask):
         batch, n, _ = embeds.shape
-        recorder = RecordingPrefix(prefix, last, batch)
-        bias = attention_bias(n, prefix, token_mask, self.dtype, self.device)  # [B, 1, n, L + n]
+        recorder = RecordingCache(prefix, last, 0)
+        new_mask = attention_masks(n, prefix, token_mask, self.dtype, self.device)[1]  # [B, 1, n, n]
         try:
-            with self.entry_bias(prefix.bias):
-                self.model.model(
-                    inputs_embeds=embeds.to(self.device, self.dtype),
-                    position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
-                    attention_mask=bias.expand(batch, 1, n, prefix.length + n),
-                    **self.with_cache(recorder),
-                    use_cache=True,
-                )
+            self.model.model(
+                inputs_embeds=embeds.to(self.device, self.dtype),
+                position_ids=positions.to(self.device).float().reshape(-1, n).expand(batch, n),
+                attention_mask=new_mask.expand(batch, 1, n, n),
+                **self.with_cache(recorder),
+                use_cache=True,
+            )
         except StopForward:
             pass
         return recorder.keys, recorder.values
@@ -341,14 +292,6 @@ class FrozenLM:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.model.config)
-
-    @staticmethod
-    def crop_cache(cache, length: int) -> None:
-        """Drop every entry past `length` (transformers' own crop changed meaning across versions)."""
-        for layer in cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.shape[2] > length:
-                layer.keys = layer.keys[:, :, :length]
-                layer.values = layer.values[:, :, :length]
 
     def stop_token_ids(self) -> set[int]:
         """End-of-sequence and end-of-turn ids: where greedy answers stop."""

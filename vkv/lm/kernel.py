@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.ragged import RaggedCache, RaggedLayer
 
 
 def attention_masks(
@@ -37,18 +38,6 @@ def with_entry_bias(
         return masks
     entry = prefix.bias[layer][:, :, None, :].float()
     return (entry if masks[0] is None else masks[0] + entry), masks[1]
-
-
-def attention_bias(
-    new_length: int, prefix: KVPrefix, token_mask: torch.Tensor | None, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """The two masks of `attention_masks` joined: `[B, 1, n, L + n]` over prefix ⊕ new keys."""
-    prefix_bias, new_bias = attention_masks(new_length, prefix, token_mask, dtype, device)
-    if prefix_bias is None:
-        prefix_bias = torch.zeros(1, 1, 1, prefix.length, dtype=dtype, device=device)
-    batch = max(prefix_bias.shape[0], new_bias.shape[0])
-    prefix_bias = prefix_bias.expand(batch, 1, new_length, prefix.length)
-    return torch.cat([prefix_bias, new_bias.expand(batch, 1, new_length, new_length)], dim=-1)
 
 
 def attend(
@@ -100,16 +89,26 @@ class StopForward(Exception):
     """Raised inside the last needed layer so nothing after its K/V projection is computed."""
 
 
-class RecordingPrefix:
-    """Duck-typed cache: records the new tokens' K/V and returns prefix ⊕ new, never mutating the prefix.
+class RecordingCache(RaggedCache):
+    """A cache for the model's own forward that records the new tokens' K/V and raises StopForward at the last
+    layer needed; the prefix's entries (with their biases, and −inf on the padding of a batch of prefixes) are
+    attended through the ragged attention function, never changed.
 
-    The model's own attention needs one tensor, so this path copies the prefix every layer and step; the
-    direct path in `FrozenLM.forward_kv` avoids that and is used whenever the architecture allows."""
+    The model's attention concatenates the prefix with the new tokens every layer, so this path copies the prefix;
+    the direct path in `FrozenLM.forward_kv` avoids that and is used whenever the architecture allows."""
 
-    def __init__(self, prefix: KVPrefix, last_layer: int, batch: int = 1):
-        self.prefix = prefix
+    def __init__(self, prefix: KVPrefix, last_layer: int, position: int):
+        layers = []
+        if prefix.length:
+            for i, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
+                bias = None
+                if prefix.bias is not None or prefix.valid is not None:
+                    bias = prefix.layer_bias()[i]
+                    if prefix.valid is not None:
+                        bias = bias.masked_fill(~prefix.valid.to(bias.device)[:, None, :], float("-inf"))
+                layers.append(RaggedLayer(k, v, bias, None, position))
+        super().__init__(layers)
         self.last_layer = last_layer
-        self.batch = batch
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
 
@@ -118,12 +117,6 @@ class RecordingPrefix:
         self.values.append(value_states)
         if layer_idx == self.last_layer:
             raise StopForward
-        if self.prefix.length == 0:
+        if not self.layers:
             return key_states, value_states
-        shape = (self.batch, -1, -1, -1)
-        keys = torch.cat([self.prefix.keys[layer_idx].to(key_states.dtype).expand(shape), key_states], dim=2)
-        values = torch.cat([self.prefix.values[layer_idx].to(value_states.dtype).expand(shape), value_states], dim=2)
-        return keys, values
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.prefix.length
+        return self.layers[layer_idx].update(key_states, value_states)

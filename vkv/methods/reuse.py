@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 from vkv.compress.config import CompressConfig
 from vkv.errors import VkvError
-from vkv.kv.rebuild import virtual_kv
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.rebuild import virtual_kv
 from vkv.methods.base import BudgetMethod, Method, SpanWork
 
 CARRIES = ("reencode", "as-is", "fresh")

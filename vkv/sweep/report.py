@@ -229,6 +229,8 @@ COLUMNS = (  # (header, row key, format)
     ("ratio", "ratio_requested", ".1f"),
     ("achieved", "ratio_achieved", ".2f"),
     ("stored", "ratio_stored", ".2f"),
+    ("in memory", "ratio_memory", ".2f"),
+    ("span KiB", "span_memory_kib", ".0f"),
     ("runs", "runs", "d"),
     ("questions", "questions", "d"),
     ("weak", "weak", "d"),
@@ -540,8 +542,10 @@ def markdown(
         "Pooled over windows, questions and seeds. 95% intervals come from a bootstrap that resamples windows (the "
         "questions of one window are not independent). `compress s`: the method's own time per run; `run s`: wall "
         "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU; "
-        "`achieved`: span tokens per real entry; `stored`: span tokens per slot the cache stores (lower when "
-        "head-wise budgets pad; — for runs that did not record it).",
+        "`achieved`: span tokens per real entry (entries per KV head); `stored`: span tokens per slot its segments "
+        "hold (lower when head-wise budgets pad); `in memory`: the span's full K/V bytes over the bytes the decoding "
+        "cache holds for its entries (keys, values, biases, per-head offsets), and `span KiB` those bytes per window; "
+        "— for runs that did not record them.",
         "",
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",

@@ -1,28 +1,23 @@
-"""Embeddings-only cache files: what they keep of each segment, and its K/V recomputed with the model at load.
+"""Embeddings-only cache files: what they keep of each segment (the model recomputes the K/V at load,
+`vkv.lm.rebuild`), and which segments can be kept that way.
 
 A virtual segment's K/V are a function of its embeddings, positions and the entries before it: after optimising,
-the compressor runs the embeddings once more on top of the cache so far (`virtual_kv`), so keeping the embeddings
-and running that pass again gives the same K/V. A verbatim segment's K/V are its tokens fed on top of everything
-before it (`reencode`), so its token ids suffice. Segments whose K/V came from anywhere else cannot be rebuilt
-and are refused at save (`check_rebuildable`).
+the compressor runs the embeddings once more on top of the cache so far, so keeping the embeddings and running that
+pass again gives the same K/V. A verbatim segment's K/V are its tokens fed on top of everything before it, so its
+token ids suffice. Segments whose K/V came from anywhere else cannot be rebuilt and are refused at save
+(`check_rebuildable`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from vkv.errors import VkvError
-from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, SeparableBias
-from vkv.kv.splice import reencode
-from vkv.kv.spliced import SplicedCache
-
-if TYPE_CHECKING:
-    from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
@@ -39,32 +34,13 @@ class StoredSegment:
     separable: SeparableBias | None = None  # `bias` as the file stored it, when per-entry and per-head numbers
 
 
-def virtual_kv(
-    lm: FrozenLM, embeddings: torch.Tensor, positions: torch.Tensor, prefix: KVPrefix
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values `[layers, kv_heads, k, head_dim]` (float32, CPU) of virtual embeddings `[k, hidden]` at
-    `positions` `[k]` on top of `prefix`: the pass that gives a virtual segment its K/V after optimisation."""
-    with torch.no_grad():
-        keys, values = lm.forward_kv(embeddings[None].to(lm.device), positions, prefix)
-    return torch.cat(keys).float().cpu(), torch.cat(values).float().cpu()
+@dataclass
+class StoredCache:
+    """An embeddings-only file as read, before a model rebuilds its K/V (`vkv.lm.rebuild`)."""
 
-
-def rebuild(lm: FrozenLM, stored: list[StoredSegment], next_position: int, meta: dict[str, Any]) -> SplicedCache:
-    """The SplicedCache of an embeddings-only file: segments recomputed in order, each on top of those before."""
-    cache = SplicedCache(meta=meta)
-    for s in stored:
-        if s.kind == "verbatim":
-            cache.next_position = s.span[0]  # reencode feeds at the cache's next position
-            segment = reencode(lm, cache, s.ids)
-        else:
-            # the compressor's prefix is on the model's device in its dtype (single span) or float32 segments
-            # (sequential), which forward_kv casts to that dtype: the same numbers either way
-            keys, values = virtual_kv(lm, s.embeddings, s.positions, cache.kv().to(lm.device, lm.dtype))
-            segment = Segment(s.kind, s.span, keys, values, s.positions, s.embeddings)
-        segment.stats, segment.bias, segment.separable = s.stats, s.bias, s.separable
-        cache.append(segment)
-    cache.next_position = next_position
-    return cache
+    segments: list[StoredSegment]
+    next_position: int
+    meta: dict[str, Any]
 
 
 def check_rebuildable(segments: list[Segment], ids: Sequence[int] | None, path) -> None:

@@ -1,7 +1,8 @@
 """Ask questions against a SplicedCache: greedy answers and log-probabilities of given continuations.
 
-New tokens always get explicit logical positions (continuing at the cache's next_position) and an explicit
-mask; after each question the cache is cropped back, so many questions share one compressed context.
+The context holds the cache as a RaggedCache on the model's device: compressed entries take the memory they use,
+new tokens continue at the cache's logical position, and every entry's bias is applied by the attention function.
+After each question the cache is cropped back, so many questions share one compressed context.
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ from vkv.lm.frozen import FrozenLM
 class Context:
     """A (compressed or full) context that questions are run against without changing it."""
 
-    def __init__(self, lm: FrozenLM, spliced: SplicedCache):
+    def __init__(self, lm: FrozenLM, spliced: SplicedCache, padded: bool = False):
+        """`padded=True` keeps every head as long as the longest one (the layout before ragged caches), for
+        measuring against."""
         self.lm = lm
-        self.cache = spliced.to_dynamic_cache(lm)
-        bias = spliced.attention_bias()  # [layers, kv_heads, base_length]: every new query adds it
-        self.bias = None if bias is None else [b[None].to(lm.device) for b in bias]
-        self.base_length = spliced.physical_length
-        self.base_position = spliced.next_position
-        self.length = self.base_length
-        self.position = self.base_position
+        self.cache = lm.ragged_cache(spliced, padded=padded)
+        self.base_length = self.cache.length
+
+    @property
+    def length(self) -> int:
+        """Dense entries per KV head: the rows of the tokens fed so far start at `base_length`."""
+        return self.cache.length
+
+    @property
+    def position(self) -> int:
+        """The logical position of the next token."""
+        return self.cache.position
 
     def feed(self, ids: list[int]) -> torch.Tensor:
         """Append tokens; returns float32 logits `[len(ids), vocab]` (row i predicts the token after ids[i])."""
@@ -34,33 +42,27 @@ class Context:
             return torch.empty(0, self.lm.spec.vocab_size)
         n = len(ids)
         positions = torch.arange(self.position, self.position + n, dtype=torch.float32, device=self.lm.device)
-        with torch.no_grad(), self.lm.entry_bias(self.bias):
+        with torch.no_grad():
             out = self.lm.model(
                 input_ids=torch.tensor([ids], device=self.lm.device),
                 position_ids=positions[None],
-                attention_mask=self._mask(n),
                 **self.lm.with_cache(self.cache),
                 use_cache=True,
             )
-        self.length += n
-        self.position += n
         return out.logits[0].float()
 
-    def _mask(self, n: int) -> torch.Tensor:
-        return self.lm.causal_mask(self.length, n)
-
-    def rewind(self, length: int, position: int) -> None:
-        self.lm.crop_cache(self.cache, length)
-        self.length, self.position = length, position
+    def rewind(self, length: int) -> None:
+        """Drop every token fed after the cache held `length` dense entries."""
+        self.cache.crop(length - self.length)
 
     @contextmanager
     def scratch(self) -> Iterator[Context]:
         """Everything fed inside the block is removed afterwards."""
-        length, position = self.length, self.position
+        length = self.length
         try:
             yield self
         finally:
-            self.rewind(length, position)
+            self.rewind(length)
 
     def greedy(self, prompt: list[int], max_new_tokens: int = 24) -> list[int]:
         with self.scratch():

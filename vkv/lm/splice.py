@@ -7,15 +7,12 @@ nothing they carry was computed with the uncompressed span in view.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-from vkv.kv.context import Context
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
-
-if TYPE_CHECKING:
-    from vkv.lm.frozen import FrozenLM
+from vkv.lm.context import Context
+from vkv.lm.frozen import FrozenLM
 
 
 def splice(

@@ -1,0 +1,447 @@
+"""RaggedCache: a transformers `Cache` whose compressed entries take the memory they use, and no more.
+
+Head-wise budgets (kvzip, am, vkv's head shares) keep a different number of entries in each KV head. Per layer this
+cache holds those entries flattened, one head after the other (`FlatHeads`: keys and values `[Σ_h n_h, head_dim]`,
+biases `[Σ_h n_h]`, the heads' offsets `[kv_heads + 1]`), and everything else in a dense part `[batch, kv_heads,
+length, head_dim]`: verbatim segments, segments whose heads all reach the same entries (with their biases `[1,
+kv_heads, loaded]` when any carries one), and every token fed afterwards (questions, generated tokens, new messages).
+
+The cache also owns the logical position. A compressed span holds fewer entries than the positions it covers, so
+`get_seq_length()` is the position the next token takes on the RoPE axis, and transformers places new tokens there by
+itself; `generate_inputs(prompt)` builds what `generate()` expects for that length.
+
+Attention over this layout is `vkv.lm.ragged_attention`, registered with transformers' AttentionInterface: `update()`
+returns the dense keys tagged with their layer (attribute `RAGGED_TAG`), which is how that function finds the flat
+entries and the biases. Padding to the longest head exists only inside it, as one layer's temporary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from vkv.errors import VkvError
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import MASKED, Segment
+
+RAGGED_TAG = "vkv_ragged_layer"  # the attribute of the keys `update()` returns that names their RaggedLayer
+
+
+@dataclass
+class FlatHeads:
+    """One layer's entries kept per KV head, flattened: head h owns rows `offsets[h]:offsets[h + 1]`."""
+
+    keys: torch.Tensor  # [N, head_dim], post-RoPE
+    values: torch.Tensor  # [N, head_dim]
+    bias: torch.Tensor | None  # [N] float32, added to every later query's logit for the entry (None: all 0)
+    offsets: torch.Tensor  # [kv_heads + 1] int64, offsets[0] = 0, offsets[-1] = N
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0]
+        offsets = self.offsets.tolist()
+        if (
+            self.offsets.dim() != 1
+            or offsets[0] != 0
+            or offsets[-1] != n
+            or any(b < a for a, b in zip(offsets, offsets[1:]))
+            or self.values.shape != self.keys.shape
+            or (self.bias is not None and tuple(self.bias.shape) != (n,))
+        ):
+            bias = None if self.bias is None else tuple(self.bias.shape)
+            raise VkvError(
+                f"field offsets: per-head offsets {offsets} do not match flat entries of keys "
+                f"{tuple(self.keys.shape)}, values {tuple(self.values.shape)} and bias {bias}"
+            )
+        self.counts = tuple(b - a for a, b in zip(offsets, offsets[1:]))  # entries per head, as Python ints
+
+    @property
+    def kv_heads(self) -> int:
+        return len(self.counts)
+
+    @property
+    def slots(self) -> int:
+        """The longest head's entries: the width `padded()` gives every head."""
+        return max(self.counts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.keys, self.values, self.bias, self.offsets) if t is not None)
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys and values `[1, kv_heads, slots, head_dim]` and bias `[1, kv_heads, slots]` float32 (−inf where a
+        head has fewer entries; the padding keys and values are zeros): the temporary attention reads."""
+        heads, width, dim = self.kv_heads, self.slots, self.keys.shape[-1]
+        keys = self.keys.new_zeros(1, heads, width, dim)
+        values = self.values.new_zeros(1, heads, width, dim)
+        bias = torch.full((1, heads, width), MASKED, device=self.keys.device)
+        start = 0
+        for head, count in enumerate(self.counts):
+            keys[0, head, :count] = self.keys[start : start + count]
+            values[0, head, :count] = self.values[start : start + count]
+            bias[0, head, :count] = 0 if self.bias is None else self.bias[start : start + count]
+            start += count
+        return keys, values, bias
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> FlatHeads:
+        return FlatHeads(
+            self.keys.to(device, dtype),
+            self.values.to(device, dtype),
+            None if self.bias is None else self.bias.to(device, torch.float32),
+            self.offsets.to(device),
+        )
+
+
+class RaggedLayer(CacheLayerMixin):
+    """One layer of a RaggedCache: flat per-head entries (or None), the dense part and the logical position."""
+
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        flat: FlatHeads | None = None,
+        position: int = 0,
+    ):
+        """`keys`/`values` `[batch, kv_heads, loaded, head_dim]`: the dense entries it starts with; `bias` `[1, kv_heads,
+        loaded]` float32 their biases (None: none); `flat` the per-head entries; `position` the logical position of the
+        first token fed after them."""
+        super().__init__()
+        if keys.dim() != 4 or values.shape != keys.shape:
+            raise VkvError(
+                f"field keys: dense keys {tuple(keys.shape)} and values {tuple(values.shape)} must be equal "
+                "[batch, kv_heads, length, head_dim]"
+            )
+        if bias is not None and (
+            bias.dim() != 3 or bias.shape[0] not in (1, keys.shape[0]) or bias.shape[1:] != keys.shape[1:3]
+        ):
+            raise VkvError(
+                f"field bias: a dense bias {tuple(bias.shape)} must be [1 or batch, kv_heads, length] with "
+                f"[kv_heads, length] = {list(keys.shape[1:3])}"
+            )
+        if flat is not None and (flat.kv_heads != keys.shape[1] or flat.keys.shape[-1] != keys.shape[-1]):
+            raise VkvError(
+                f"field offsets: flat entries for {flat.kv_heads} heads of size {flat.keys.shape[-1]} do not match "
+                f"the dense part's {keys.shape[1]} heads of size {keys.shape[-1]}"
+            )
+        self.keys, self.values, self.bias, self.flat = keys, values, bias, flat
+        self.loaded = keys.shape[2]
+        self.position = position
+        self.device = keys.device
+        self.is_initialized = True
+
+    # ---- transformers' layer API ----------------------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Nothing to do: a RaggedLayer is built holding its entries."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """Append the new tokens' K/V `[batch, kv_heads, n, head_dim]` to the dense part; returns the dense keys and
+        values, the keys tagged with this layer for the attention function."""
+        if key_states.shape[0] != self.keys.shape[0] and self.keys.shape[0] == 1:  # first feed of a batch
+            self.batch_repeat_interleave(key_states.shape[0])
+        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
+        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
+        keys = self.keys.view_as(self.keys)
+        setattr(keys, RAGGED_TAG, self)
+        return keys, self.values
+
+    def get_seq_length(self) -> int:
+        """The logical position of the next token."""
+        return self.position + self.appended
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """The mask transformers builds covers the appended tokens and the new ones, at logical indices from
+        `position` on (so a 2-d padding mask over the whole logical length is read where it belongs); everything the
+        layer was built with is visible to every new token, with its bias."""
+        return self.appended + query_length, self.position
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Remove the last `-tokens_to_remove` appended tokens (transformers' convention: a negative count); the
+        entries the layer was built with are never removed."""
+        if tokens_to_remove > 0:
+            raise VkvError("crop takes a negative count of tokens to remove")
+        remove = -tokens_to_remove
+        if remove > self.appended:
+            raise VkvError(
+                f"cannot remove {remove} tokens: only {self.appended} were fed after the cache was built, and the "
+                "entries it was built with are not removable"
+            )
+        if remove:
+            self.keys = self.keys[:, :, : self.keys.shape[2] - remove]
+            self.values = self.values[:, :, : self.values.shape[2] - remove]
+
+    def reset(self) -> None:
+        """Back to the entries the layer was built with."""
+        self.crop(-self.appended)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat the dense part in the batch dimension (the flat entries and biases are shared by every row)."""
+        self.keys = self.keys.repeat_interleave(repeats, dim=0)
+        self.values = self.values.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.keys, self.values = self.keys[indices, ...], self.values[indices, ...]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))
+        self.values = self.values.index_select(0, beam_idx.to(self.values.device))
+
+    def offload(self):
+        raise VkvError("a RaggedCache is not offloaded layer by layer; move it with `RaggedCache.to`")
+
+    # ---- what vkv reads -------------------------------------------------------------------------------------
+    @property
+    def appended(self) -> int:
+        """Tokens fed after the layer was built."""
+        return self.keys.shape[2] - self.loaded
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor the layer holds."""
+        dense = self.keys.nbytes + self.values.nbytes + (0 if self.bias is None else self.bias.nbytes)
+        return dense + (0 if self.flat is None else self.flat.nbytes)
+
+    def dense_bias(self) -> torch.Tensor:
+        """The bias of every dense entry `[1, kv_heads, length]` float32: the built entries' own (0 without one), 0 for
+        the tokens appended since."""
+        heads, length = self.keys.shape[1], self.keys.shape[2]
+        bias = torch.zeros(1, heads, length, device=self.keys.device)
+        if self.bias is not None:
+            bias[..., : self.loaded] = self.bias
+        return bias
+
+    def materialize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every entry in one padded layout, flat entries first: keys and values `[batch, kv_heads, slots + length,
+        head_dim]` and bias `[1, kv_heads, slots + length]` float32 (−inf on padding). For analyses that score all
+        entries at once (a copy; decoding never builds it)."""
+        if self.flat is None:
+            return self.keys, self.values, self.dense_bias()
+        keys, values, bias = self.flat.padded()
+        batch = self.keys.shape[0]
+        return (
+            torch.cat([keys.expand(batch, -1, -1, -1), self.keys], dim=2),
+            torch.cat([values.expand(batch, -1, -1, -1), self.values], dim=2),
+            torch.cat([bias, self.dense_bias()], dim=2),
+        )
+
+    @property
+    def slots(self) -> int:
+        """Padded width of the flat part (0 without one): where `materialize()`'s dense rows start."""
+        return 0 if self.flat is None else self.flat.slots
+
+
+@dataclass(frozen=True)
+class SegmentMemory:
+    """What one segment costs in a RaggedCache."""
+
+    span: tuple[int, int]
+    kind: str
+    part: str  # "dense" or "flat"
+    entries: int  # K/V rows held, summed over layers and KV heads
+    nbytes: int  # its keys, values and biases
+
+
+class RaggedCache(Cache):
+    """A transformers Cache of RaggedLayers plus the table of what each segment it was built from costs."""
+
+    def __init__(self, layers: Sequence[RaggedLayer], segments: Sequence[SegmentMemory] = ()):
+        super().__init__(layers=list(layers))
+        self.segments = list(segments)
+
+    # ---- building -------------------------------------------------------------------------------------------
+    @classmethod
+    def from_segments(
+        cls,
+        segments: Sequence[Segment],
+        next_position: int,
+        shape: tuple[int, int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        padded: bool = False,
+    ) -> RaggedCache:
+        """The cache holding `segments` (in span order) with new tokens continuing at `next_position`; `shape` is the
+        model's (layers, kv_heads, head_dim). A segment some of whose slots a head does not reach (head-wise budgets:
+        −inf biases) is kept flat, only its reached entries; every other one is dense. `padded=True` keeps every
+        segment dense, padding included: the layout caches had before, kept as a reference to measure against."""
+        layers, kv_heads, head_dim = shape
+        for i, s in enumerate(segments):
+            if tuple(s.keys.shape) != (layers, kv_heads, s.entries, head_dim):
+                raise VkvError(
+                    f"field segments[{i}].keys: shape {tuple(s.keys.shape)} is not [layers, kv_heads, entries, "
+                    f"head_dim] for a model with {layers} layers, {kv_heads} KV heads of size {head_dim}"
+                )
+        reach = [None if s.bias is None else torch.isfinite(s.bias) for s in segments]
+        counts = [
+            (s.keys[..., 0].numel(), None if r is None else int(r.sum()), s.carries_bias)
+            for s, r in zip(segments, reach)
+        ]
+        plan = memory_plan(counts, shape, torch.empty(0, dtype=dtype).element_size(), padded)
+        is_flat = [part == "flat" for part, _, _ in plan]
+        dense = [s for s, f in zip(segments, is_flat) if not f]
+        flat = [(s, r) for s, r, f in zip(segments, reach, is_flat) if f]
+        with_bias = any(part == "dense" and needs for (part, _, _), needs in zip(plan, _needs_bias(counts)))
+        flat_bias = any(s.carries_bias for s, _ in flat)
+        ragged_layers = []
+        for layer in range(layers):
+            keys = _cat([s.keys[layer] for s in dense], (kv_heads, 0, head_dim))
+            values = _cat([s.values[layer] for s in dense], (kv_heads, 0, head_dim))
+            bias = None
+            if with_bias:
+                bias = _cat([_bias_or_zeros(s)[layer] for s in dense], (kv_heads, 0))[None].to(device, torch.float32)
+            flat_heads = _flat_heads([(s, r[layer], layer) for s, r in flat], kv_heads, flat_bias) if flat else None
+            ragged_layers.append(
+                RaggedLayer(
+                    keys[None].to(device, dtype),
+                    values[None].to(device, dtype),
+                    bias,
+                    None if flat_heads is None else flat_heads.to(device, dtype),
+                    next_position,
+                )
+            )
+        table = [SegmentMemory(tuple(s.span), s.kind, *p) for s, p in zip(segments, plan)]
+        return cls(ragged_layers, table)
+
+    @classmethod
+    def from_prefix(cls, prefix: KVPrefix, next_position: int) -> RaggedCache:
+        """A cache holding a prefix's entries densely as they are (device, dtype, autograd and batch kept), its bias
+        with them: for feeding tokens on top of entries being optimised."""
+        if prefix.valid is not None:
+            raise VkvError("a padded batch of prefixes cannot become one cache; feed each prefix on its own")
+        if not prefix.length:
+            raise VkvError("a prefix without entries needs the model's shape; use RaggedCache.from_segments")
+        bias = None if prefix.bias is None else [b.float()[:1] for b in prefix.bias]
+        return cls(
+            [
+                RaggedLayer(k, v, None if bias is None else bias[i], None, next_position)
+                for i, (k, v) in enumerate(zip(prefix.keys, prefix.values))
+            ]
+        )
+
+    # ---- reading --------------------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The logical position of the next token (transformers' `get_seq_length()`)."""
+        return self.get_seq_length()
+
+    @property
+    def appended(self) -> int:
+        """Tokens fed since the cache was built."""
+        return self.layers[0].appended if self.layers else 0
+
+    @property
+    def length(self) -> int:
+        """Dense entries per KV head (the built ones, then the appended tokens): where new tokens' rows start."""
+        return self.layers[0].keys.shape[2] if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every tensor the cache holds, measured from them."""
+        return sum(layer.nbytes for layer in self.layers)
+
+    @property
+    def offsets_nbytes(self) -> int:
+        return sum(layer.flat.offsets.nbytes for layer in self.layers if layer.flat is not None)
+
+    def span_nbytes(self, start: int, end: int) -> int:
+        """Bytes the cache holds for the segments standing for original tokens inside [start, end): their keys,
+        values and biases, plus the per-head offsets when any of them is flat."""
+        inside = [s for s in self.segments if start <= s.span[0] and s.span[1] <= end]
+        offsets = self.offsets_nbytes if any(s.part == "flat" for s in inside) else 0
+        return sum(s.nbytes for s in inside) + offsets
+
+    def generate_inputs(
+        self, prompt: torch.Tensor | Sequence[int], attention_mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        """The `input_ids` and `attention_mask` with which `model.generate(**inputs, cache=self)` continues this cache
+        with `prompt` (ids `[n]` or `[batch, n]`, with its own 0/1 padding mask if batched). `generate()` takes the ids
+        of every position the cache covers and feeds only the rest, and numbers positions by the mask: the covered
+        positions get filler ids (never fed) and mask ones, so new tokens take the cache's logical positions."""
+        prompt = torch.as_tensor(prompt, dtype=torch.long)
+        prompt = prompt[None] if prompt.dim() == 1 else prompt
+        device = self.layers[0].device
+        covered = torch.zeros(prompt.shape[0], self.position, dtype=torch.long, device=device)
+        mask = torch.ones_like(prompt) if attention_mask is None else torch.as_tensor(attention_mask).long()
+        if mask.shape != prompt.shape:
+            raise VkvError(f"field attention_mask: shape {tuple(mask.shape)} is not the prompt's {tuple(prompt.shape)}")
+        return {
+            "input_ids": torch.cat([covered, prompt.to(device)], dim=1),
+            "attention_mask": torch.cat([torch.ones_like(covered), mask.to(device)], dim=1),
+        }
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> RaggedCache:
+        """The same cache on another device (and dtype), appended tokens included."""
+        moved = []
+        for layer in self.layers:
+            d = dtype or layer.keys.dtype
+            new = RaggedLayer(
+                layer.keys.to(device, d),
+                layer.values.to(device, d),
+                None if layer.bias is None else layer.bias.to(device),
+                None if layer.flat is None else layer.flat.to(device, d),
+                layer.position,
+            )
+            new.loaded = layer.loaded
+            moved.append(new)
+        return RaggedCache(moved, self.segments)
+
+
+def memory_plan(
+    segments: Sequence[tuple[int, int | None, bool]], shape: tuple[int, int, int], itemsize: int, padded: bool = False
+) -> list[tuple[str, int, int]]:
+    """Where `RaggedCache.from_segments` keeps each segment and what it costs, from counts alone (what a cache file's
+    header records): per segment (slots summed over layers and KV heads, the slots heads reach or None when all,
+    whether a reached entry carries a nonzero bias) → (part, rows held, bytes). A segment some of whose slots no head
+    reaches is flat: its reached rows, each with a float32 bias when any flat segment carries one. Every other one is
+    dense: all its rows, each with a float32 bias when any dense segment carries one or, in the padded layout, has
+    unreached slots (−inf). Per-head offsets (`offsets_nbytes`) are not included."""
+    flat = [not padded and reached is not None and reached < slots for slots, reached, _ in segments]
+    needs = _needs_bias(segments)
+    dense_bias = any(n for n, f in zip(needs, flat) if not f)
+    flat_bias = any(biased for (_, _, biased), f in zip(segments, flat) if f)
+    kv_row = 2 * shape[2] * itemsize
+    out = []
+    for (slots, reached, _), f in zip(segments, flat):
+        rows = reached if f else slots
+        out.append(("flat" if f else "dense", rows, rows * (kv_row + (4 if (flat_bias if f else dense_bias) else 0))))
+    return out
+
+
+def _needs_bias(segments: Sequence[tuple[int, int | None, bool]]) -> list[bool]:
+    """Whether a segment kept dense needs a bias: a nonzero one, or −inf on slots no head reaches."""
+    return [biased or (reached is not None and reached < slots) for slots, reached, biased in segments]
+
+
+def offsets_nbytes(shape: tuple[int, int, int]) -> int:
+    """The per-head offsets of a cache with flat entries: `[kv_heads + 1]` int64 per layer."""
+    return shape[0] * (shape[1] + 1) * 8
+
+
+def _cat(tensors: list[torch.Tensor], empty: tuple[int, ...]) -> torch.Tensor:
+    """`tensors` concatenated along dim 1 (entries), or an empty float32 tensor of shape `empty`."""
+    return torch.cat(tensors, dim=1) if tensors else torch.zeros(empty)
+
+
+def _bias_or_zeros(segment: Segment) -> torch.Tensor:
+    return torch.zeros(segment.keys.shape[:3]) if segment.bias is None else segment.bias.float()
+
+
+def _flat_heads(parts: list[tuple[Segment, torch.Tensor, int]], kv_heads: int, with_bias: bool) -> FlatHeads:
+    """Each head's reached entries of every segment in `parts` (segment, reach `[kv_heads, entries]`, layer), head by
+    head and in segment order within a head; their biases when `with_bias` (else they are all 0)."""
+    keys, values, bias, counts = [], [], [], []
+    for head in range(kv_heads):
+        rows = [(s, reach[head], layer) for s, reach, layer in parts]
+        keys += [s.keys[layer, head][r] for s, r, layer in rows]
+        values += [s.values[layer, head][r] for s, r, layer in rows]
+        bias += [s.bias[layer, head][r].float() for s, r, layer in rows]
+        counts.append(sum(int(r.sum()) for _, r, _ in rows))
+    offsets = torch.tensor([0, *counts]).cumsum(0)
+    return FlatHeads(torch.cat(keys), torch.cat(values), torch.cat(bias) if with_bias else None, offsets)

@@ -1,0 +1,156 @@
+"""The attention function that reads a RaggedCache, registered with transformers' AttentionInterface.
+
+A model whose attention implementation is `vkv_sdpa` (or `vkv_eager`) runs its usual attention whenever the keys it
+is given come from any other cache (or none). When they come from a RaggedLayer (`update()` tags them), each query
+attends, per KV head, to that head's own flat entries with their biases, to the dense entries with theirs, and to the
+tokens fed since causally (with transformers' padding mask, if any): one softmax over all of them, grouped-query heads
+sharing their KV head. The flat entries are padded to the layer's longest head in a temporary that lives for this
+call only, so memory at rest stays the compressed size. Plain PyTorch: the same code on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
+
+from vkv.errors import VkvError
+from vkv.kv.ragged import RAGGED_TAG, RaggedLayer
+
+MASKED = float("-inf")
+
+
+def eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Transformers' eager attention (softmax of scores plus the additive mask), for models loaded with `eager`."""
+    group = query.shape[1] // key.shape[1]
+    keys, values = repeat_kv(key, group), repeat_kv(value, group)
+    scores = query @ keys.transpose(2, 3) * (query.shape[-1] ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask[..., : keys.shape[-2]]
+    weights = scores.softmax(dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return (weights @ values).transpose(1, 2).contiguous(), weights
+
+
+# vkv's name → (the attention it runs on other caches, the mask transformers builds for it)
+IMPLEMENTATIONS = {
+    "vkv_sdpa": (sdpa_attention_forward, sdpa_mask),
+    "vkv_eager": (eager_attention, eager_mask),
+}
+BASE = {"sdpa": "vkv_sdpa", "eager": "vkv_eager"}  # what `use_ragged_attention` switches a model to
+
+
+def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Queries `[batch, heads, q, head_dim]` over a RaggedLayer (keys/values: its dense part, new tokens last)
+    → `[batch, q, heads, head_dim]`, no attention weights."""
+    layer: RaggedLayer = getattr(key, RAGGED_TAG)
+    batch, heads, q, dim = query.shape
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    rows = group * q  # the query heads of a KV head, folded into its query rows: (group, token) order
+    folded = query.reshape(batch, kv_heads, rows, dim)
+    tail = _tail_mask(attention_mask, heads, group, q, layer.appended, folded.dtype, folded.device)  # new ones included
+    keys, values, parts = key, value, []
+    if layer.flat is not None:
+        flat_keys, flat_values, flat_bias = layer.flat.padded()  # this layer's temporary
+        keys = torch.cat([flat_keys.expand(key.shape[0], -1, -1, -1), key], dim=2)
+        values = torch.cat([flat_values.expand(value.shape[0], -1, -1, -1), value], dim=2)
+        parts.append(flat_bias[:, :, None].to(folded.dtype))
+    if layer.bias is not None:
+        parts.append(layer.bias[:, :, None].to(folded.dtype))
+    elif parts or tail is not None:
+        parts.append(folded.new_zeros(1, 1, 1, layer.loaded))
+    mask = _join(parts, tail, layer.appended, batch, kv_heads, rows, folded) if parts else None
+    out = torch.nn.functional.scaled_dot_product_attention(
+        folded,
+        keys,
+        values,
+        attn_mask=mask,
+        dropout_p=dropout if module.training else 0.0,
+        scale=dim**-0.5 if scaling is None else scaling,
+    )
+    return out.view(batch, kv_heads, group, q, dim).permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim), None
+
+
+def _tail_mask(
+    attention_mask: torch.Tensor | None,
+    heads: int,
+    group: int,
+    q: int,
+    width: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The additive mask `[batch or 1, 1 or kv_heads, group * q, width]` over the appended and new tokens, rows in
+    folded order: transformers' mask (bool: True attends; or additive), or causal when it left causality to us
+    (None). None: every row sees every column."""
+    if attention_mask is None:
+        if q == 1:
+            return None
+        allowed = torch.arange(width, device=device)[None, :] <= torch.arange(width - q, width, device=device)[:, None]
+        mask = torch.zeros(q, width, dtype=dtype, device=device).masked_fill_(~allowed, MASKED)
+        return mask.repeat(group, 1)[None, None]
+    if attention_mask.dim() != 4 or attention_mask.shape[-1] != width or attention_mask.shape[1] not in (1, heads):
+        raise VkvError(
+            f"field attention_mask: a mask over a ragged cache is [batch, 1 or heads, queries, {width}] (the tokens "
+            f"fed since it was built, then the new ones), not {tuple(attention_mask.shape)}"
+        )
+    if attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros(attention_mask.shape, dtype=dtype, device=device).masked_fill_(
+            ~attention_mask, MASKED
+        )
+    mask = attention_mask.to(dtype)
+    if mask.shape[1] == 1:  # one mask for every head: repeat it over the group's folded rows
+        return mask.expand(-1, group, -1, -1).reshape(mask.shape[0], 1, group * q, width)
+    return mask.reshape(mask.shape[0], heads // group, group * q, width)
+
+
+def _join(
+    parts: list[torch.Tensor], tail: torch.Tensor | None, width: int, batch: int, kv_heads: int, rows: int, like
+) -> torch.Tensor:
+    """One additive mask `[batch, kv_heads, rows, columns]`: the built entries' biases `[1, kv_heads or 1, 1, n]` (the
+    same for every row), then the tail mask over the last `width` columns (zeros when None)."""
+    columns = sum(p.shape[-1] for p in parts) + width
+    mask = like.new_zeros(batch, kv_heads, rows, columns)
+    start = 0
+    for p in parts:
+        mask[..., start : start + p.shape[-1]] = p
+        start += p.shape[-1]
+    if tail is not None:
+        mask[..., start:] = tail
+    return mask
+
+
+def attention_function(name: str):
+    """The function registered as `name`: ragged attention on a RaggedLayer's keys, the base attention otherwise."""
+    base = IMPLEMENTATIONS[name][0]
+
+    def attention(module, query, key, value, attention_mask, **kwargs):
+        if getattr(key, RAGGED_TAG, None) is not None:
+            return ragged_attention(module, query, key, value, attention_mask, **kwargs)
+        return base(module, query, key, value, attention_mask, **kwargs)
+
+    return attention
+
+
+def register() -> None:
+    """Register vkv's implementations with transformers (idempotent)."""
+    for name, (_, mask) in IMPLEMENTATIONS.items():
+        AttentionInterface.register(name, attention_function(name))
+        AttentionMaskInterface.register(name, mask)
+
+
+def use_ragged_attention(model) -> None:
+    """Make a transformers model read RaggedCaches: its attention implementation becomes vkv's over the one it has
+    (sdpa → vkv_sdpa, eager → vkv_eager), which runs exactly as before on any other cache."""
+    register()
+    current = model.config._attn_implementation
+    if current in IMPLEMENTATIONS:
+        return
+    if current not in BASE:
+        raise VkvError(
+            f"field attn_implementation: a RaggedCache is read by vkv's attention over sdpa or eager, not {current!r}; "
+            "load the model with attn_implementation='sdpa'"
+        )
+    model.set_attn_implementation(BASE[current])

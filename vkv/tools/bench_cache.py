@@ -1,0 +1,257 @@
+"""`vkv bench cache`: what a compressed cache costs when it decodes, padded (every KV head as long as the longest,
+the layout before ragged caches) against ragged (each head its own entries), against the uncompressed window.
+
+One process, one model: for each window and each method and ratio, the window's span is compressed once; then each
+layout is built from the same segments and answers the same question prompt followed by a fixed number of greedy
+tokens (no early stop). Reported per layout: the bytes of the cache object (whole, and for the span's entries), the
+peak memory of building it, the question and the generation (peak RSS on CPU, peak allocation on CUDA, above what
+was held before), and the decode time per generated token. Layouts are run in alternation, several rounds, and
+each figure is the median, so a machine whose load drifts slows every contender alike; ratios between layouts are
+what to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vkv.errors import VkvError
+from vkv.evals.runner import span_work
+from vkv.lm.context import Context
+from vkv.lm.frozen import FrozenLM
+from vkv.lm.splice import splice
+from vkv.methods import get_method
+from vkv.settings import add_arguments, from_args, setting
+from vkv.text.transcript import load_transcript, render
+from vkv.text.windows import turn_windows, window_transcript
+from vkv.tools.bench import working_memory
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "gen-ci-failure-2.json"
+QUESTION = (
+    "Before we continue: list every file you changed in this session, the exact commands you ran to test them, "
+    "and which of those commands failed and why."
+)
+LAYOUTS = ("full", "padded", "ragged")
+
+
+def pick_window(lm: FrozenLM, path: Path, tokens: int):
+    """The window of `path` (system message plus consecutive turns) closest to `tokens` tokens without exceeding
+    them by more than one message: turn windows of that budget, the longest one."""
+    transcript = load_transcript(path)
+    rendered = render(transcript, lm.tokenizer)
+    windows = turn_windows(transcript, rendered, tokens)
+    first, last = max(windows, key=lambda w: rendered.token_span(*w)[1] - rendered.token_span(*w)[0])
+    window = window_transcript(transcript, first, last)
+    return window, render(window, lm.tokenizer)
+
+
+def question_ids(lm: FrozenLM, length: int) -> list[int]:
+    """`length` ids of a user question (the fixed QUESTION, repeated if short), as a prompt after the window."""
+    ids = lm.tokenizer(QUESTION, add_special_tokens=False)["input_ids"]
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def decode(lm: FrozenLM, context: Context, prompt: list[int], new_tokens: int) -> list[float]:
+    """Feed the prompt, then `new_tokens` greedy tokens one at a time; seconds of each single-token step."""
+    logits = context.feed(prompt)[-1]
+    times = []
+    for _ in range(new_tokens):
+        token = int(logits.argmax())
+        if context.lm.device.type == "cuda":
+            torch.cuda.synchronize(context.lm.device)
+        started = time.perf_counter()
+        logits = context.feed([token])[-1]
+        if context.lm.device.type == "cuda":
+            torch.cuda.synchronize(context.lm.device)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def measure_layout(lm: FrozenLM, spliced, start: int, end: int, padded: bool, prompt: list[int], new: int) -> dict:
+    """Build the layout's cache, ask, generate: bytes, peak memory and decode seconds per token."""
+    with working_memory(lm.device) as peak:
+        context = Context(lm, spliced, padded=padded)
+        cache_bytes, span_bytes = context.cache.nbytes, context.cache.span_nbytes(start, end)
+        times = decode(lm, context, prompt, new)
+        del context
+    return {
+        "cache_bytes": cache_bytes,
+        "span_bytes": span_bytes,
+        "peak_mb": peak["mb"],
+        "decode_ms_per_token": 1000 * statistics.median(times),
+    }
+
+
+def bench_window(lm, path: Path, tokens: int, methods, ratios, args: CacheBenchConfig, log) -> list[dict]:
+    window, rendered = pick_window(lm, path, tokens)
+    start, end = rendered.token_span(*window.default_span())
+    work = span_work(lm, window, rendered, start, end, seed=args.seed)
+    prompt = question_ids(lm, args.question_tokens)
+    log(f"window {window.id}: {len(rendered.ids)} tokens, span {start}-{end} ({end - start} tokens)")
+    full = splice(lm, work.kv, start, end, work.keep(list(range(end - start))), [])
+    records = []
+    for method_name in methods:
+        for ratio in ratios:
+            method = get_method(method_name)
+            started = time.perf_counter()
+            spliced = splice(lm, work.kv, start, end, method.compress(work, ratio), [])
+            seconds = time.perf_counter() - started
+            runs: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+            for _ in range(args.rounds):
+                for layout in LAYOUTS:
+                    cache = full if layout == "full" else spliced
+                    gc.collect()
+                    runs[layout].append(
+                        measure_layout(lm, cache, start, end, layout == "padded", prompt, args.new_tokens)
+                    )
+            log(
+                f"  {method_name} {ratio}× compressed in {seconds:.1f} s, {time.perf_counter() - started:.0f} s with decoding"
+            )
+            record = {
+                "window": window.id,
+                "window_tokens": len(rendered.ids),
+                "span_tokens": end - start,
+                "method": method_name,
+                "ratio": ratio,
+                "ratio_entries": round((end - start) / spliced.span_entries(start, end), 3),
+                "compress_seconds": round(seconds, 2),
+                **{layout: _median_record(runs[layout]) for layout in LAYOUTS},
+            }
+            _ratios(record)
+            records.append(record)
+            log(_line(record))
+    return records
+
+
+def _median_record(runs: list[dict]) -> dict:
+    peaks = [r["peak_mb"] for r in runs if r["peak_mb"] is not None]
+    return {
+        "cache_bytes": runs[0]["cache_bytes"],
+        "span_bytes": runs[0]["span_bytes"],
+        "peak_mb": round(statistics.median(peaks), 2) if peaks else None,
+        "decode_ms_per_token": round(statistics.median(r["decode_ms_per_token"] for r in runs), 3),
+        "decode_ms_rounds": [round(r["decode_ms_per_token"], 3) for r in runs],
+    }
+
+
+def _ratios(record: dict) -> None:
+    full, padded, ragged = (record[layout] for layout in LAYOUTS)
+    record["ratio_memory_padded"] = round(full["span_bytes"] / padded["span_bytes"], 3)
+    record["ratio_memory_ragged"] = round(full["span_bytes"] / ragged["span_bytes"], 3)
+    record["decode_ragged_over_padded"] = round(ragged["decode_ms_per_token"] / padded["decode_ms_per_token"], 3)
+    if ragged["peak_mb"] is not None and padded["peak_mb"]:
+        record["peak_ragged_over_padded"] = round(ragged["peak_mb"] / padded["peak_mb"], 3)
+
+
+def _line(r: dict) -> str:
+    return (
+        f"  {r['method']} {r['ratio']}×: span bytes full/padded/ragged "
+        f"{r['full']['span_bytes'] / 2**20:.2f}/{r['padded']['span_bytes'] / 2**20:.2f}/"
+        f"{r['ragged']['span_bytes'] / 2**20:.2f} MiB (memory ratio {r['ratio_memory_padded']:.2f}× → "
+        f"{r['ratio_memory_ragged']:.2f}×), decode {r['padded']['decode_ms_per_token']:.1f} → "
+        f"{r['ragged']['decode_ms_per_token']:.1f} ms/token, peak {r['padded']['peak_mb']} → {r['ragged']['peak_mb']} MB"
+    )
+
+
+def table(records: list[dict]):
+    from rich.table import Table
+
+    t = Table(title="decoding on compressed caches: padded vs ragged (medians; ratios from the same run)")
+    for column in (
+        "window",
+        "method",
+        "ratio",
+        "span MiB full / padded / ragged",
+        "in memory padded → ragged",
+        "cache MiB padded → ragged",
+        "peak MB full / padded / ragged",
+        "ms/token full / padded / ragged",
+        "ragged ÷ padded: time, peak",
+    ):
+        t.add_column(column)
+    for r in records:
+        f, p, g = (r[layout] for layout in LAYOUTS)
+        t.add_row(
+            f"{r['span_tokens']} of {r['window_tokens']}",
+            r["method"],
+            f"{r['ratio']:g}× ({r['ratio_entries']:.2f}×)",
+            f"{f['span_bytes'] / 2**20:.2f} / {p['span_bytes'] / 2**20:.2f} / {g['span_bytes'] / 2**20:.2f}",
+            f"{r['ratio_memory_padded']:.2f}× → {r['ratio_memory_ragged']:.2f}×",
+            f"{p['cache_bytes'] / 2**20:.2f} → {g['cache_bytes'] / 2**20:.2f}",
+            f"{_mb(f['peak_mb'])} / {_mb(p['peak_mb'])} / {_mb(g['peak_mb'])}",
+            f"{f['decode_ms_per_token']:.1f} / {p['decode_ms_per_token']:.1f} / {g['decode_ms_per_token']:.1f}",
+            f"{r['decode_ragged_over_padded']:.2f}, {r.get('peak_ragged_over_padded', float('nan')):.2f}",
+        )
+    return t
+
+
+def _mb(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f}"
+
+
+@dataclass
+class CacheBenchConfig:
+    model: str = setting("smollm2-135m", "alias, directory or hub id")
+    quant: str = setting("fp32", "quantisation of the model")
+    device: str = setting("cpu", "cpu, cuda, cuda:N or auto")
+    transcript: str = setting(str(DEFAULT_TRANSCRIPT), "the transcript whose windows are used")
+    windows: tuple[int, ...] = setting((512, 2048), "window sizes in tokens (the longest window of each size)")
+    methods: tuple[str, ...] = setting(("kvzip", "am", "vkv"), "methods compressing each window's span")
+    ratios: tuple[float, ...] = setting((3.2, 4.8), "requested ratios")
+    question_tokens: int = setting(32, "tokens of the question prompt after the window")
+    new_tokens: int = setting(64, "greedy tokens generated after the question (no early stop)")
+    rounds: int = setting(3, "alternating rounds per layout; medians are reported")
+    threads: int = setting(1, "torch threads")
+    seed: int = setting(0, "seed of the methods")
+    json: str = setting("bench-cache.json", "where to write the results")
+
+
+def add_bench_cache_args(p: argparse.ArgumentParser) -> None:
+    add_arguments(p, CacheBenchConfig)
+
+
+def run_bench_cache(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from vkv.io import write_json_atomic
+    from vkv.lm.load import load_model
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    args = from_args(CacheBenchConfig, args)
+    windows, methods, ratios = args.windows, args.methods, args.ratios
+    if not Path(args.transcript).is_file():
+        raise VkvError(f"{args.transcript}: no such transcript")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+    lm = load_model(args.model, quant=args.quant, device=args.device)
+    records: list[dict[str, Any]] = []
+    for i, tokens in enumerate(windows, 1):
+        console.print(
+            f"[bold]window {i}/{len(windows)}[/] (~{tokens} tokens), {time.perf_counter() - started:.0f} s in"
+        )
+        records += bench_window(lm, Path(args.transcript), tokens, methods, ratios, args, console.print)
+    console.print(table(records))
+    seconds = time.perf_counter() - started
+    config = asdict(args)
+    write_json_atomic(
+        args.json,
+        {
+            "model": args.model,
+            "device": str(lm.device),
+            "seconds": round(seconds, 1),
+            "config": config,
+            "records": records,
+        },
+    )
+    console.print(f"benchmark took {seconds:.0f} s; wrote {args.json}")
+    return 0
