@@ -115,7 +115,7 @@ def test_the_embeddings_file_is_smaller_by_the_virtual_segments_factor(smol, cac
     assert kv_bytes / embeddings_bytes > max(8, kv / embeddings), (kv_bytes, embeddings_bytes)
 
 
-def test_cli_store_flag_writes_and_inspect_reports_both_stores(caches, tmp_path, capsys):
+def test_cli_store_flag_writes_and_inspect_reports_both_stores(smol, caches, tmp_path, capsys):
     out = tmp_path / "cli.safetensors"
     assert main(["compress", str(TRANSCRIPT), *CLI, "--store", "embeddings", "--out", str(out)]) == 0
     assert read_header(out)["store"] == "embeddings"
@@ -130,11 +130,16 @@ def test_cli_store_flag_writes_and_inspect_reports_both_stores(caches, tmp_path,
         assert "bytes_per_original_token" in printed and store in printed
         storage = json.loads(report.read_text())["storage"]
         compressed = caches.spliced.segments[1].original_tokens
-        assert storage == {
+        assert {k: storage[k] for k in ("store", "file_bytes", "bytes_per_original_token")} == {
             "store": store,
             "file_bytes": path.stat().st_size,
             "bytes_per_original_token": round(path.stat().st_size / compressed),
         }
+        decoding = smol.ragged_cache(caches.spliced)  # either store decodes on the same cache
+        start, end = caches.spliced.segments[1].span
+        assert storage["memory_bytes"] == decoding.nbytes
+        assert storage["compressed_memory_bytes"] == decoding.span_nbytes(start, end)
+        assert storage["ratio_memory"] > 3.2  # `--ratio 4`: the memory ratio is about the entries ratio
 
 
 def test_refusals_are_one_clear_sentence(smol, smol_tokenizer, caches, tmp_path, capsys):

@@ -41,9 +41,17 @@ def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio, tiny_l
     result = evaluation.evaluate(method, ratio)
     span = evaluation.end - evaluation.start
     assert result["span_tokens"] == span
+    layers, heads, dim = evaluation.lm.cache_shape
+    row = 2 * dim * 4  # a K and a V row in fp32
+    assert result["span_full_bytes"] == span * layers * heads * row
     if isinstance(method, TextMethod):  # measured on the re-rendered text: role markers are never pruned
         assert 0 < result["compressed_entries"] < span and result["ratio_achieved"] > 1.0
+        assert result["ratio_memory"] == pytest.approx(result["ratio_achieved"], rel=1e-3)
         return
+    # in memory the decoding cache holds the entries heads reach: their K/V rows, a float32 bias each when they
+    # carry one, and per-head offsets when heads differ; so the memory ratio is the entries ratio up to those
+    kv_bytes = result["compressed_entries"] * layers * heads * row
+    assert kv_bytes <= result["span_memory_bytes"] <= kv_bytes * (row + 4) / row + layers * (heads + 1) * 8
     expected = {"full": span, "none": 0}.get(name, round(span / ratio))
     if name == "reuse":  # the history at its own ratio, the carried last message at the run's
         split = result["optimisation"]["split"]

@@ -144,13 +144,30 @@ def caches(lm) -> dict[str, SplicedCache]:
             ],
             86,
         ),
+        "compact without biases": SplicedCache(
+            [sys, unbiased(random_segment(lm, "compact", (12, 80), 14, head_wise_reach(lm, 14, 11), seed=11))], 80
+        ),
         "no prefix, only flat": SplicedCache(
             [random_segment(lm, "compact", (0, 40), 10, head_wise_reach(lm, 10, 10), seed=10)], 40
         ),
     }
 
 
-CACHE_NAMES = ["verbatim", "virtual", "compact", "head-wise virtual", "mixed", "no prefix, only flat"]
+CACHE_NAMES = [
+    "verbatim",
+    "virtual",
+    "compact",
+    "head-wise virtual",
+    "mixed",
+    "compact without biases",
+    "no prefix, only flat",
+]
+
+
+def unbiased(segment: Segment) -> Segment:
+    """kvzip's head-wise selection: reached entries carry no bias, unreached slots −inf."""
+    segment.bias = torch.where(torch.isfinite(segment.bias), 0.0, MASKED)
+    return segment
 
 
 @pytest.mark.parametrize("name", CACHE_NAMES)
@@ -221,6 +238,16 @@ def test_bytes_are_the_arithmetic_of_the_entries(tiny):
     assert [m.span for m in cache.segments[1:4]] == [tuple(s.span) for s in inside]
 
 
+def test_entries_without_biases_store_none(tiny):
+    spliced = caches(tiny)["compact without biases"]
+    layers, heads, dim = tiny.cache_shape
+    cache = tiny.ragged_cache(spliced)
+    assert all(layer.flat.bias is None and layer.bias is None for layer in cache.layers)
+    reached = int(torch.isfinite(spliced.segments[1].bias).sum())
+    assert cache.nbytes == (reached + layers * heads * 12) * 2 * dim * 4 + layers * (heads + 1) * 8
+    assert [m.nbytes for m in cache.segments] == [layers * heads * 12 * 2 * dim * 4, reached * 2 * dim * 4]
+
+
 def test_cropping_back_after_a_question_restores_the_cache_exactly(tiny):
     spliced = caches(tiny)["mixed"]
     context = Context(tiny, spliced)
@@ -281,3 +308,25 @@ def test_prefix_cache_keeps_autograd_and_bias(tiny):
     torch.testing.assert_close(out.logits[0].detach(), padded_logits(tiny, spliced, [5, 6]), atol=1e-5, rtol=0)
     out.logits.sum().backward()
     assert keys[0].grad is not None and float(keys[0].grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("name", ["mixed", "compact without biases", "verbatim"])
+def test_a_files_header_gives_the_bytes_the_loaded_cache_holds(tiny, name, tmp_path):
+    """`vkv inspect` computes memory from the header alone; it must be what the decoding cache measures."""
+    from vkv.kv.file import cache_metadata, read_header, save_cache
+    from vkv.kv.report import report_rows, report_totals, storage
+    from vkv.lm.rebuild import load_cache
+
+    spliced = caches(tiny)[name]
+    spliced.meta = cache_metadata(tiny)
+    path = tmp_path / "c.safetensors"
+    save_cache(spliced, path)
+    cache = tiny.ragged_cache(load_cache(path, tiny))
+    header = read_header(path)
+    totals = report_totals(report_rows(header))
+    assert totals["memory_bytes"] == cache.nbytes
+    assert [r["memory_bytes"] for r in report_rows(header)] == [m.nbytes for m in cache.segments]
+    compressed = [s for s in spliced.segments if s.kind != "verbatim"]
+    if compressed:
+        start, end = compressed[0].span[0], compressed[-1].span[1]
+        assert storage(path, header)["compressed_memory_bytes"] == cache.span_nbytes(start, end)

@@ -146,7 +146,8 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
-    assert "| vkv pooling=surprisal | 2.0 | 2.00 | — | 1 | 3 | 0 | 1.000 |" in md
+    # achieved, stored, in memory, span KiB (the fixture runs record no bytes in memory), runs, questions, weak
+    assert "| vkv pooling=surprisal | 2.0 | 2.00 | — | — | — | 1 | 3 | 0 | 1.000 |" in md
     assert "7 finished runs" in md and "## Failed runs" in md
     # per transcript: retention of vkv pooling=surprisal at 2× is (1 + 1 + 1) / 3, choice accuracy 1
     assert "| vkv pooling=surprisal | 2.0 | 1.000 / 1.00 |" in md and "| method | ratio | t |" in md

@@ -73,17 +73,15 @@ class FlatHeads:
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys and values `[1, kv_heads, slots, head_dim]` and bias `[1, kv_heads, slots]` float32 (−inf where a
         head has fewer entries; the padding keys and values are zeros): the temporary attention reads."""
-        heads, width, dim = self.kv_heads, self.slots, self.keys.shape[-1]
-        keys = self.keys.new_zeros(1, heads, width, dim)
-        values = self.values.new_zeros(1, heads, width, dim)
-        bias = torch.full((1, heads, width), MASKED, device=self.keys.device)
-        start = 0
-        for head, count in enumerate(self.counts):
-            keys[0, head, :count] = self.keys[start : start + count]
-            values[0, head, :count] = self.values[start : start + count]
-            bias[0, head, :count] = 0 if self.bias is None else self.bias[start : start + count]
-            start += count
-        return keys, values, bias
+        pad = torch.nn.utils.rnn.pad_sequence
+        keys = pad(self.keys.split(self.counts), batch_first=True)[None]
+        values = pad(self.values.split(self.counts), batch_first=True)[None]
+        if self.bias is not None:
+            bias = pad(self.bias.float().split(self.counts), batch_first=True, padding_value=MASKED)
+        else:
+            real = torch.arange(self.slots, device=self.keys.device) < self.offsets.diff()[:, None]
+            bias = torch.zeros(real.shape, device=self.keys.device).masked_fill_(~real, MASKED)
+        return keys, values, bias[None]
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> FlatHeads:
         return FlatHeads(

@@ -83,13 +83,12 @@ class Segment:
 
     def entry_counts(self) -> dict[str, Any]:
         """`entries` (slots per head); when heads reach fewer (head-wise budgets), `real_entries` (their mean per layer
-        and KV head) and `reached` (their total); `biased` when a reached entry carries a nonzero bias. A cache file's header records
+        and KV head) and `reached` (their total); `biased`: whether a reached entry carries a nonzero bias. A cache file's header records
         these, which is all the arithmetic of the decoding cache's memory needs (`vkv.kv.ragged.memory_plan`)."""
         counts: dict[str, Any] = {"entries": self.entries}
         if self.real_entries != self.entries:
             counts.update(real_entries=round(self.real_entries, 2), reached=int(torch.isfinite(self.bias).sum()))
-        if self.carries_bias:
-            counts["biased"] = True
+        counts["biased"] = self.carries_bias
         return counts
 
     def row(self) -> dict[str, Any]:

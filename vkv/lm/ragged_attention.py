@@ -50,18 +50,22 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
     group = heads // kv_heads
     rows = group * q  # the query heads of a KV head, folded into its query rows: (group, token) order
     folded = query.reshape(batch, kv_heads, rows, dim)
-    tail = _tail_mask(attention_mask, heads, group, q, layer.appended, folded.dtype, folded.device)  # new ones included
-    keys, values, parts = key, value, []
+    width = layer.appended  # tokens fed since the layer was built, the new ones included
+    tail = _tail_mask(attention_mask, heads, group, q, width, folded.dtype, folded.device)
+    keys, values, columns = key, value, []
     if layer.flat is not None:
         flat_keys, flat_values, flat_bias = layer.flat.padded()  # this layer's temporary
         keys = torch.cat([flat_keys.expand(key.shape[0], -1, -1, -1), key], dim=2)
         values = torch.cat([flat_values.expand(value.shape[0], -1, -1, -1), value], dim=2)
-        parts.append(flat_bias[:, :, None].to(folded.dtype))
+        columns.append(flat_bias[:, :, None])
     if layer.bias is not None:
-        parts.append(layer.bias[:, :, None].to(folded.dtype))
-    elif parts or tail is not None:
-        parts.append(folded.new_zeros(1, 1, 1, layer.loaded))
-    mask = _join(parts, tail, layer.appended, batch, kv_heads, rows, folded) if parts else None
+        columns.append(layer.bias[:, :, None])
+    elif columns or tail is not None:
+        columns.append(folded.new_zeros(1, 1, 1, layer.loaded))
+    mask = None
+    if columns:
+        columns.append(folded.new_zeros(1, 1, 1, width) if tail is None else tail)
+        mask = _join(columns, folded.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         folded,
         keys,
@@ -106,20 +110,11 @@ def _tail_mask(
     return mask.reshape(mask.shape[0], heads // group, group * q, width)
 
 
-def _join(
-    parts: list[torch.Tensor], tail: torch.Tensor | None, width: int, batch: int, kv_heads: int, rows: int, like
-) -> torch.Tensor:
-    """One additive mask `[batch, kv_heads, rows, columns]`: the built entries' biases `[1, kv_heads or 1, 1, n]` (the
-    same for every row), then the tail mask over the last `width` columns (zeros when None)."""
-    columns = sum(p.shape[-1] for p in parts) + width
-    mask = like.new_zeros(batch, kv_heads, rows, columns)
-    start = 0
-    for p in parts:
-        mask[..., start : start + p.shape[-1]] = p
-        start += p.shape[-1]
-    if tail is not None:
-        mask[..., start:] = tail
-    return mask
+def _join(columns: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Additive masks over consecutive key columns, each `[1 or batch, 1 or kv_heads, 1 or rows, n]`, side by side in
+    one mask broadcast to their largest leading sizes (a decoding step's mask stays one row per KV head)."""
+    shape = [max(c.shape[d] for c in columns) for d in range(3)]
+    return torch.cat([c.to(dtype).expand(*shape, -1) for c in columns], dim=-1)
 
 
 def attention_function(name: str):

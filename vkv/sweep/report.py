@@ -247,6 +247,13 @@ COLUMNS = (  # (header, row key, format)
 )
 
 
+MARKDOWN_ONLY = (
+    "ratio_stored",
+    "run_seconds",
+    "final_loss",
+)  # left out of the console table, which must fit a terminal
+
+
 def _cell(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
     if value is None:
@@ -336,10 +343,11 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
         title=f"{sweeps}, split {'+'.join(splits(results))}: {len(results.lines)} runs (pooled over "
         "windows, questions and seeds; 95% intervals resample windows)"
     )
-    for header, _, _ in COLUMNS:
+    columns = [c for c in COLUMNS if c[1] not in MARKDOWN_ONLY]
+    for header, _, _ in columns:
         table.add_column(header, justify="left" if header == "method" else "right")
     for row in table_rows:
-        table.add_row(*(_cell(row, key, fmt) for _, key, fmt in COLUMNS))
+        table.add_row(*(_cell(row, key, fmt) for _, key, fmt in columns))
     console.print(table)
     if paired_rows:
         diff = Table(
