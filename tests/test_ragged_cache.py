@@ -330,3 +330,21 @@ def test_a_files_header_gives_the_bytes_the_loaded_cache_holds(tiny, name, tmp_p
     if compressed:
         start, end = compressed[0].span[0], compressed[-1].span[1]
         assert storage(path, header)["compressed_memory_bytes"] == cache.span_nbytes(start, end)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_optimisers_forward_on_a_ragged_prefix_equals_the_padded_one(tiny, fast):
+    """Sequential compression optimises each message on the running cache: its prefix keeps heads ragged, and the
+    direct forward (and the model's own, recording) pads one layer at a time to the same numbers."""
+    spliced = caches(tiny)["mixed"]
+    ragged, padded = tiny.prefix(spliced), spliced.kv()
+    assert ragged.flat is not None and sum(f.nbytes for f in ragged.flat) < sum(k.nbytes for k in padded.keys)
+    embeds = torch.randn(2, 5, tiny.spec.hidden_size, generator=torch.Generator().manual_seed(0))
+    positions = torch.linspace(86, 90, 5)
+    with torch.no_grad():
+        got = tiny.forward_kv(embeds, positions, ragged, fast=fast)
+        want = tiny.forward_kv(embeds, positions, padded, fast=fast)
+    for a, b in zip(got[0] + got[1], want[0] + want[1]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    with pytest.raises(VkvError, match="cannot be sliced"):
+        ragged.slice(0, 3)

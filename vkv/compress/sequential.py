@@ -269,7 +269,7 @@ def compress_turns(
         online = view_on_cache(lm, cache, ids, turn, queries=needs_queries(config.compress))
         oracle = history.view(turn) if history is not None else None
         view = oracle if config.targets == "oracle" else online
-        segment = _turn_segment(lm, ids, turn, view, cache.kv().to(lm.device, lm.dtype), budget, config, message_starts)
+        segment = _turn_segment(lm, ids, turn, view, lm.prefix(cache), budget, config, message_starts)
         segment.stats.update(
             turn_stats(turn),
             targets=config.targets,

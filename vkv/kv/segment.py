@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
 
 KINDS = ("verbatim", "virtual", "compact")  # compact: real keys, chosen per layer and KV head, fitted biases/values
-MASKED = float("-inf")  # the bias of a padding slot: no query ever attends to it
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,11 @@ class SplicedCache:
             [torch.zeros(s.keys.shape[:3]) if s.bias is None else s.bias.float() for s in self.segments], dim=2
         )
 
+    def prefix(self, shape: tuple[int, int, int], device: torch.device | str, dtype: torch.dtype) -> KVPrefix:
+        """The segments as a read-only prefix for the direct forward (`shape`: the model's layers, KV heads, head
+        size), each head's reached entries only: a running compressed cache that something is optimised on."""
+        return self.ragged(shape, device, dtype).prefix()
+
     def ragged(
         self, shape: tuple[int, int, int], device: torch.device | str, dtype: torch.dtype, padded: bool = False
     ) -> RaggedCache:

@@ -79,6 +79,10 @@ class FrozenLM:
         """The decoding cache of `spliced` on this model's device and in its dtype."""
         return spliced.ragged(self.cache_shape, self.device, self.dtype, padded)
 
+    def prefix(self, spliced: SplicedCache) -> KVPrefix:
+        """`spliced` as the read-only prefix `forward_kv` optimises on, on this model's device and in its dtype."""
+        return spliced.prefix(self.cache_shape, self.device, self.dtype)
+
     @property
     def embedding_matrix(self) -> torch.Tensor:
         """Input embedding table `[vocab, hidden]`."""
@@ -222,10 +226,12 @@ class FrozenLM:
             q = linear(attn.q_proj, x).view(batch, n, -1, head_dim)
             q = (attn.q_norm(q) if hasattr(attn, "q_norm") else q).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
-            prefix_keys, prefix_values = (prefix.keys[i], prefix.values[i]) if prefix.length else (None, None)
-            if prefix.length and not autocast:  # under autocast the matmul casts (a no-op for a bf16 prefix)
-                prefix_keys, prefix_values = prefix_keys.to(hidden.dtype), prefix_values.to(hidden.dtype)
-            out = attend(q, k_rotated, v, prefix_keys, prefix_values, with_entry_bias(masks, prefix, i), attn.scaling)
+            prefix_keys = prefix_values = prefix_bias = None
+            if not prefix.is_empty:  # flat entries are padded for this layer only
+                prefix_keys, prefix_values, prefix_bias = prefix.layer(i)
+                if not autocast:  # under autocast the matmul casts (a no-op for a bf16 prefix)
+                    prefix_keys, prefix_values = prefix_keys.to(hidden.dtype), prefix_values.to(hidden.dtype)
+            out = attend(q, k_rotated, v, prefix_keys, prefix_values, with_entry_bias(masks, prefix_bias), attn.scaling)
             hidden = hidden + linear(attn.o_proj, compute(out))
             x = compute(layer.post_attention_layernorm(hidden))
             mlp = layer.mlp

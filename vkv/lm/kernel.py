@@ -30,13 +30,13 @@ def attention_masks(
 
 
 def with_entry_bias(
-    masks: tuple[torch.Tensor | None, torch.Tensor], prefix: KVPrefix, layer: int
+    masks: tuple[torch.Tensor | None, torch.Tensor], bias: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """`attention_masks`' prefix mask plus the prefix's own bias at `layer` (`[B, kv_heads, 1, L]`: per KV head,
-    shared by the query heads of its group, as `attend` lays them out)."""
-    if prefix.bias is None or not prefix.length:
+    """`attention_masks`' prefix mask plus one layer's prefix bias `[B, kv_heads, L]` (as `[B, kv_heads, 1, L]`: per KV
+    head, shared by the query heads of its group, as `attend` lays them out)."""
+    if bias is None:
         return masks
-    entry = prefix.bias[layer][:, :, None, :].float()
+    entry = bias[:, :, None, :].float()
     return (entry if masks[0] is None else masks[0] + entry), masks[1]
 
 
@@ -99,14 +99,14 @@ class RecordingCache(RaggedCache):
 
     def __init__(self, prefix: KVPrefix, last_layer: int, position: int):
         layers = []
-        if prefix.length:
+        if not prefix.is_empty:
             for i, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
                 bias = None
                 if prefix.bias is not None or prefix.valid is not None:
                     bias = prefix.layer_bias()[i]
                     if prefix.valid is not None:
                         bias = bias.masked_fill(~prefix.valid.to(bias.device)[:, None, :], float("-inf"))
-                layers.append(RaggedLayer(k, v, bias, None, position))
+                layers.append(RaggedLayer(k, v, bias, None if prefix.flat is None else prefix.flat[i], position))
         super().__init__(layers)
         self.last_layer = last_layer
         self.keys: list[torch.Tensor] = []

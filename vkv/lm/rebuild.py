@@ -52,7 +52,7 @@ def rebuild(lm: FrozenLM, stored: StoredCache) -> SplicedCache:
         else:
             # the compressor's prefix is on the model's device in its dtype (single span) or float32 segments
             # (sequential), which forward_kv casts to that dtype: the same numbers either way
-            keys, values = virtual_kv(lm, s.embeddings, s.positions, cache.kv().to(lm.device, lm.dtype))
+            keys, values = virtual_kv(lm, s.embeddings, s.positions, lm.prefix(cache))
             segment = Segment(s.kind, s.span, keys, values, s.positions, s.embeddings)
         segment.stats, segment.bias, segment.separable = s.stats, s.bias, s.separable
         cache.append(segment)

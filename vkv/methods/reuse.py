@@ -117,5 +117,5 @@ def _reencoded(work: SpanWork, segment: Segment, history: SplicedCache) -> Segme
             "use carry 'as-is' or 'fresh'"
         )
     lm = work.lm
-    keys, values = virtual_kv(lm, segment.embeddings, segment.positions, history.kv().to(lm.device, lm.dtype))
+    keys, values = virtual_kv(lm, segment.embeddings, segment.positions, lm.prefix(history))
     return replace(segment, keys=keys, values=values)  # every other field as it was

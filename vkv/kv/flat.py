@@ -1,0 +1,74 @@
+"""FlatHeads: one layer's compressed entries kept per KV head, flattened, so that heads with fewer entries take less
+memory (head-wise budgets keep a different number in each head)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vkv.errors import VkvError
+
+MASKED = float("-inf")  # the bias of a padding slot: no query ever attends to it
+
+
+@dataclass
+class FlatHeads:
+    """One layer's entries kept per KV head, flattened: head h owns rows `offsets[h]:offsets[h + 1]`."""
+
+    keys: torch.Tensor  # [N, head_dim], post-RoPE
+    values: torch.Tensor  # [N, head_dim]
+    bias: torch.Tensor | None  # [N] float32, added to every later query's logit for the entry (None: all 0)
+    offsets: torch.Tensor  # [kv_heads + 1] int64, offsets[0] = 0, offsets[-1] = N
+
+    def __post_init__(self) -> None:
+        n = self.keys.shape[0]
+        offsets = self.offsets.tolist()
+        if (
+            self.offsets.dim() != 1
+            or offsets[0] != 0
+            or offsets[-1] != n
+            or any(b < a for a, b in zip(offsets, offsets[1:]))
+            or self.values.shape != self.keys.shape
+            or (self.bias is not None and tuple(self.bias.shape) != (n,))
+        ):
+            bias = None if self.bias is None else tuple(self.bias.shape)
+            raise VkvError(
+                f"field offsets: per-head offsets {offsets} do not match flat entries of keys "
+                f"{tuple(self.keys.shape)}, values {tuple(self.values.shape)} and bias {bias}"
+            )
+        self.counts = tuple(b - a for a, b in zip(offsets, offsets[1:]))  # entries per head, as Python ints
+
+    @property
+    def kv_heads(self) -> int:
+        return len(self.counts)
+
+    @property
+    def slots(self) -> int:
+        """The longest head's entries: the width `padded()` gives every head."""
+        return max(self.counts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in (self.keys, self.values, self.bias, self.offsets) if t is not None)
+
+    def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Keys and values `[1, kv_heads, slots, head_dim]` and bias `[1, kv_heads, slots]` float32 (−inf where a
+        head has fewer entries; the padding keys and values are zeros): the temporary attention reads."""
+        pad = torch.nn.utils.rnn.pad_sequence
+        keys = pad(self.keys.split(self.counts), batch_first=True)[None]
+        values = pad(self.values.split(self.counts), batch_first=True)[None]
+        if self.bias is not None:
+            bias = pad(self.bias.float().split(self.counts), batch_first=True, padding_value=MASKED)
+        else:
+            real = torch.arange(self.slots, device=self.keys.device) < self.offsets.diff()[:, None]
+            bias = torch.zeros(real.shape, device=self.keys.device).masked_fill_(~real, MASKED)
+        return keys, values, bias[None]
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> FlatHeads:
+        return FlatHeads(
+            self.keys.to(device, dtype),
+            self.values.to(device, dtype),
+            None if self.bias is None else self.bias.to(device, torch.float32),
+            self.offsets.to(device),
+        )
