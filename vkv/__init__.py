@@ -5,6 +5,7 @@ The public API, imported on first use (so `import vkv` stays light):
     lm = vkv.load_model("smollm2-135m")                       # a FrozenLM
     spliced = vkv.compress_span(lm, ids, start, end, vkv.CompressConfig(ratio=3.2))
     vkv.save_cache(spliced, "c.safetensors"); vkv.load_cache("c.safetensors", lm)
+    cache = lm.ragged_cache(spliced)                          # a transformers Cache for model.generate()
     session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
 """
 
@@ -20,6 +21,8 @@ _API = {
     "compress_transcript": "vkv.compress.single",
     "Session": "vkv.compress.session",
     "SplicedCache": "vkv.kv.spliced",
+    "RaggedCache": "vkv.kv.ragged",
+    "use_ragged_attention": "vkv.lm.ragged_attention",
     "generate": "vkv.lm.generate",
     "Segment": "vkv.kv.segment",
     "save_cache": "vkv.kv.file",

@@ -27,7 +27,7 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_turns
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, read_header, save_cache
-from vkv.kv.report import cache_rows
+from vkv.kv.report import cache_rows, report_totals
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
@@ -148,10 +148,10 @@ class Session:
     # ---- using the context ---------------------------------------------------------------------------
     def ask(self, question: str, answer_prefix: str = "", max_new_tokens: int = 64) -> str:
         """Greedy answer to a user question continuing the conversation (the session is not changed)."""
-        answer = Context(self.lm, self.cache).greedy(self._prompt(question, answer_prefix), max_new_tokens)
+        answer = Context(self.lm, self.cache).greedy(self.prompt_ids(question, answer_prefix), max_new_tokens)
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
-    def _prompt(self, question: str, answer_prefix: str) -> list[int]:
+    def prompt_ids(self, question: str, answer_prefix: str = "") -> list[int]:
         """The ids that continue the conversation with a user question and the assistant's answer prefix."""
         if not self.turns:
             raise VkvError("the session is empty; append messages before asking")
@@ -163,7 +163,7 @@ class Session:
         streamers: any of its keyword arguments); the session is not changed."""
         from vkv.lm.generate import generate
 
-        answer = generate(self.lm, self.cache, self._prompt(question, answer_prefix), **generate_kwargs)[0]
+        answer = generate(self.lm, self.cache, self.prompt_ids(question, answer_prefix), **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
     def reply(self, question: str, **generate_kwargs: Any) -> str:
@@ -185,7 +185,14 @@ class Session:
 
     @property
     def entries(self) -> int:
+        """Slots per KV head the segments hold (head-wise budgets: more than any head reaches)."""
         return self.cache.physical_length
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of the cache that `ask` and `generate` decode on (each head's reached entries, their biases and
+        per-head offsets; on the model's dtype), from the segments' counts."""
+        return report_totals(cache_rows(self.cache, self.lm.dtype))["memory_bytes"]
 
     @property
     def losses(self) -> list[float]:
