@@ -54,3 +54,40 @@ def test_chat_continues_a_compressed_transcripts_cache(smol, tmp_path, monkeypat
     assert code == 0 and len(out) == 2 and all(line.strip() for line in out)
     code, _, err = _chat(monkeypatch, capsys, ["hi"], tmp_path / "c.safetensors", "--compress-every", "2")
     assert code == 2 and "--compress-every needs a cache with one segment per message" in err.replace("\n", " ")
+
+
+@pytest.mark.integration
+def test_slash_commands_are_never_sent_to_the_model(smol, monkeypatch, capsys, tmp_path):
+    saved = tmp_path / "chat.safetensors"
+    lines = [
+        "/help",
+        "/frobnicate now",
+        f"/save {tmp_path / 'missing' / 'x.safetensors'}",
+        "Which library?",
+        f"/save {saved}",
+    ]
+    code, out, err = _chat(monkeypatch, capsys, lines, FIXTURES / "mini-agent.json")
+    text = "\n".join(out)
+    assert code == 0 and "Traceback" not in err
+    assert "/save FILE" in text and "unknown command /frobnicate" in text
+    assert "not saved" in text and "does not exist" in text and not (tmp_path / "missing").exists()
+    assert out[-1] == f"saved {saved}"
+    session = Session.load(saved, smol)
+    assert [m.content for m in session.messages if m.role == "user"][-1] == "Which library?"  # the only one sent
+    assert sum(m.content.startswith("/") for m in session.messages) == 0
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--max-new-tokens", "-1"),
+        ("--max-new-tokens", "0"),
+        ("--temperature", "-1"),
+        ("--temperature", "nan"),
+        ("--compress-every", "-2"),
+    ],
+)
+def test_chat_refuses_bad_numbers_before_loading_a_model(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["chat", str(FIXTURES / "mini-agent.json"), "--model", "no-such-model", flag, value])
+    assert exit_.value.code == 2 and flag in capsys.readouterr().err

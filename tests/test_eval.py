@@ -308,3 +308,17 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
 def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
     assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--per-turn"]) == 2
     assert "method 'vkv' has no per-turn mode" in capsys.readouterr().err
+
+
+def test_pooled_rows_give_the_memory_ratio_of_the_pooled_bytes(evaluation):
+    from vkv.evals.summary import aggregate
+
+    runs = [evaluation.evaluate(get_method("kvzip"), ratio) for ratio in (2.0, 4.0)]
+    for run in runs:
+        run["ratio_requested"] = 3.0  # two windows of one row
+    row = aggregate(runs, by_transcript=False)[0]
+    full = sum(r["span_full_bytes"] for r in runs)
+    held = sum(r["span_memory_bytes"] for r in runs)
+    assert row["ratio_memory"] == round(full / held, 3) and row["span_memory_kib"] == round(held / 2 / 1024, 1)
+    old = [{k: v for k, v in r.items() if k != "span_memory_bytes"} for r in runs]  # runs from before the ragged cache
+    assert aggregate(old, by_transcript=False)[0]["ratio_memory"] is None

@@ -10,6 +10,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from vkv.errors import VkvError
+
+
+def check_writable(path: str | os.PathLike, field: str) -> None:
+    """Refuse, before any work, an output file that could not be written: one that is a directory, or whose directory
+    does not exist or is not writable (nothing is created here)."""
+    target = Path(path)
+    parent = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise VkvError(f"{target}: field {field}: is a directory, not a file to write")
+    if not parent.is_dir():
+        raise VkvError(f"{target}: field {field}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise VkvError(f"{target}: field {field}: not writable")
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:

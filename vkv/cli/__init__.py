@@ -4,6 +4,8 @@ people, `--json FILE` for machines, one-sentence errors."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 
 from rich.markup import escape
@@ -13,6 +15,7 @@ from vkv.cli import eval as eval_command
 from vkv.cli.common import errors
 from vkv.cli.compress import compress_config_from_args
 from vkv.errors import VkvError
+from vkv.io import check_writable
 
 COMMAND_MODULES = (models, tools, render, compress, inspect, ask, chat, eval_command, validate, sweep, prune)
 MODEL_OPTIONAL = ("ask", "chat", "validate")  # these default --model to what the cache or transcripts record
@@ -37,13 +40,35 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = DEFAULT_MODEL
     try:
+        for name in getattr(args, "outputs", ()):  # files the command will write: refused now, not after the work
+            if getattr(args, name, None):
+                check_writable(getattr(args, name), "--" + name.replace("_", "-"))
         return args.run(args) or 0
-    except VkvError as exc:
-        errors.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)  # a path or [[grid]] is not markup
-        return 2
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")
         return 130
+    except Exception as exc:
+        message = one_sentence(exc)
+        if message is None or os.environ.get("VKV_DEBUG") == "1":
+            raise  # a bug: its traceback is what a report needs
+        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # a path or [[grid]] is not markup
+        return 2
+
+
+def one_sentence(exc: BaseException) -> str | None:
+    """What the user did wrong, in one sentence naming the file, for errors their input causes: vkv's own, the
+    operating system's (a path that is missing, a directory, not writable, a full disk), and unreadable JSON or
+    safetensors data that reached a reader without its own check. None for anything else (a bug)."""
+    if isinstance(exc, VkvError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        where = exc.filename or "a file"
+        return f"{where}: {exc.strerror or exc.__class__.__name__}".replace("\n", " ")
+    if isinstance(exc, json.JSONDecodeError):
+        return f"not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+    if type(exc).__name__ == "SafetensorError":
+        return f"not a readable safetensors file: {str(exc).splitlines()[0] if str(exc) else 'corrupt'}"
+    return None
 
 
 __all__ = ["build_parser", "compress_config_from_args", "main"]

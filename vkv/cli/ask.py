@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript, write_json
+from vkv.cli.common import add_model_args, console, load_from_args, number, recorded_transcript, write_json
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -30,12 +30,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer a question from a compressed cache")
-    p.set_defaults(run=cmd_ask)
+    p.set_defaults(run=cmd_ask, outputs=("json",))
     p.add_argument("cache")
     add_model_args(p)
     p.set_defaults(model=None)
     p.add_argument("--question", required=True)
     p.add_argument("--answer-prefix", default="", help="text the answer starts with")
     p.add_argument("--transcript", help="the transcript the cache was built from (default: recorded path)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=number(int, 1), default=32)
     p.add_argument("--json")

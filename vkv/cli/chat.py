@@ -12,10 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
+from vkv.cli.common import add_model_args, console, load_from_args, number, recorded_transcript
 from vkv.errors import VkvError
 
-COMMANDS = "/save FILE writes the session, /quit ends the chat"
+COMMANDS = {  # what a line starting with / does (it is never sent to the model)
+    "/save FILE": "write the session to FILE (its directory must exist)",
+    "/help": "list these commands",
+    "/quit": "end the chat (also /exit, or end of input)",
+}
 
 
 def open_session(source: str, lm, recipe):
@@ -60,7 +64,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.temperature > 0:
         sampling["temperature"] = args.temperature
     if interactive:
-        console.print(f"{len(session.messages)} messages, {session.entries} cache entries; {COMMANDS}")
+        console.print(
+            f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
+        )
     uncompressed = 0
     while True:
         line = console.input("[bold]you>[/] ") if interactive else sys.stdin.readline()
@@ -69,18 +75,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         question = line.strip()
         if not question:
             continue
-        if question in ("/quit", "/exit"):
-            break
-        if question.startswith("/save") and not session.per_message:
-            console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
-            continue
-        if question.startswith("/save"):
-            target = question[len("/save") :].strip()
-            if not target:
-                console.print("usage: /save FILE")
-                continue
-            session.save(target)
-            console.print(f"saved {target}")
+        if question.startswith("/"):
+            if slash_command(session, question):
+                break
             continue
         streamer = TextStreamer(lm.tokenizer, skip_prompt=True, skip_special_tokens=True) if interactive else None
         answer = session.reply(question, streamer=streamer, **sampling)
@@ -93,16 +90,49 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
+def slash_command(session, line: str) -> bool:
+    """Carry out a /command (True: end the chat); an unknown one is refused, never sent to the model."""
+    from vkv.io import check_writable
+
+    command, _, rest = line.partition(" ")
+    if command in ("/quit", "/exit"):
+        return True
+    if command == "/help":
+        for usage, what in COMMANDS.items():
+            console.print(f"{usage}: {what}")
+    elif command == "/save":
+        target = rest.strip()
+        if not target:
+            console.print("usage: /save FILE")
+        elif not session.per_message:
+            console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
+        else:
+            try:
+                check_writable(target, "/save")
+                session.save(target)
+                console.print(f"saved {target}")
+            except VkvError as exc:
+                console.print(f"[red]not saved:[/] {exc}")
+    else:
+        console.print(f"unknown command {command}; /help lists them (a message starting with / is not sent)")
+    return False
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("chat", help="continue a saved session (or a transcript) interactively or from a pipe")
     p.set_defaults(run=cmd_chat)
     p.add_argument("source", help="a session file (.safetensors, from /save or Session.save) or a transcript (.json)")
     add_model_args(p)
     p.set_defaults(model=None)
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling at this temperature")
-    p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument(
-        "--compress-every", type=int, default=0, help="compress the verbatim messages once this many have accumulated"
+        "--temperature", type=number(float, 0), default=0.0, help="0: greedy; above 0: sampling at this temperature"
+    )
+    p.add_argument("--max-new-tokens", type=number(int, 1), default=256)
+    p.add_argument(
+        "--compress-every",
+        type=number(int, 0),
+        default=0,
+        help="compress the verbatim messages once this many have accumulated (0: never)",
     )
     from vkv.cli.compress import add_compress_args
 

@@ -138,7 +138,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from vkv.cli.multiturn import add_multiturn_args
 
     p = sub.add_parser("compress", help="compress a transcript span into virtual tokens; save a cache file")
-    p.set_defaults(run=cmd_compress)
+    p.set_defaults(run=cmd_compress, outputs=("out", "json"))
     p.add_argument("transcript")
     add_model_args(p)
     add_compress_args(p)

@@ -172,7 +172,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from vkv.evals.runner import EvalSettings
 
     p = sub.add_parser("eval", help="score methods on transcripts with the factual-recall questions")
-    p.set_defaults(run=cmd_eval)
+    p.set_defaults(run=cmd_eval, outputs=("json",))
     p.add_argument("transcripts", nargs="+")
     add_model_args(p)
     p.add_argument("--method", default="full,none,truncate,vkv", help="comma-separated methods")

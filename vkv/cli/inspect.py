@@ -10,10 +10,10 @@ from vkv.cli.common import console, key_value_table, write_json
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from vkv.kv.file import read_header
+    from vkv.kv.file import read_header, verify
     from vkv.kv.report import entries_text, memory_text, report_rows, storage
 
-    header = read_header(args.cache)
+    header = read_header(args.cache) if args.header_only else verify(args.cache)
     stored = storage(args.cache, header)
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
     meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)
@@ -48,7 +48,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print a cache file's metadata and segment table")
-    p.set_defaults(run=cmd_inspect)
+    p.set_defaults(run=cmd_inspect, outputs=("json",))
     p.add_argument("cache")
     p.add_argument("--report", action="store_true", help="also print the per-turn compression report")
+    p.add_argument(
+        "--header-only",
+        action="store_true",
+        help="read the header alone (by default every tensor is checked against it first)",
+    )
     p.add_argument("--json", help="also write the header here")

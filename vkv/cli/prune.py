@@ -37,7 +37,7 @@ def cmd_lamr(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("prune", help="prune a source file for a query with a text-level backend")
-    p.set_defaults(run=cmd_prune)
+    p.set_defaults(run=cmd_prune, outputs=("json",))
     p.add_argument("file")
     p.add_argument("--backend", required=True, choices=("longcodezip", "lamr"))
     p.add_argument("--query", required=True, help="the request the pruned file must serve")

@@ -51,7 +51,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render a transcript and print its per-message token spans")
-    p.set_defaults(run=cmd_render)
+    p.set_defaults(run=cmd_render, outputs=("json",))
     p.add_argument("transcript")
     p.add_argument("--model", default=None, help="model whose tokenizer and chat template to use")
     p.add_argument("--json", help="also write the span table to this file")

@@ -38,7 +38,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="load a model and check gradients flow to the input embeddings")
-    p.set_defaults(run=cmd_doctor)
+    p.set_defaults(run=cmd_doctor, outputs=("json",))
     add_model_args(p)
     p.add_argument("--json", help="also write the report to this file")
 
@@ -47,12 +47,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     from vkv.tools.memory import add_plan_args
 
     p = sub.add_parser("bench", help="benchmarks")
-    p.set_defaults(run=cmd_bench)
+    p.set_defaults(run=cmd_bench, outputs=("json",))
     bsub = p.add_subparsers(dest="bench_command", required=True)
     add_bench_args(bsub.add_parser("optimizer", help="vkv's optimiser vs a straightforward loop and the compute floor"))
     add_bench_cache_args(
         bsub.add_parser("cache", help="bytes, peak memory and decode time of compressed caches: padded vs ragged")
     )
     p = sub.add_parser("plan", help="memory budget of a compression run, computed from the model config")
-    p.set_defaults(run=cmd_plan)
+    p.set_defaults(run=cmd_plan, outputs=("json",))
     add_plan_args(p)

@@ -21,13 +21,13 @@ class ReconstructionPass:
     """The read-out of a span after the context it is compressed in (the verbatim conversation, or per turn the
     running compressed cache) and the repeat request. Rows are physical cache indices, positions logical ones."""
 
-    span_rows: tuple[int, int]  # where the span's own entries sit among the fed rows of `keys`
+    span_rows: tuple[int, int]  # where the span's own entries sit among the fed rows
     queries: torch.Tensor  # [layers, heads, n, head_dim] pre-RoPE queries of the repeated span tokens
     positions: torch.Tensor  # [n] their logical positions
     query_rows: torch.Tensor  # [n] their rows among the fed rows (each sees the rows up to its own)
     keys: list[torch.Tensor]  # per layer [kv_heads, N_layer, head_dim] post-RoPE keys of the whole pass
     bias: list[torch.Tensor]  # per layer [kv_heads, N_layer] float32: every entry's bias (−inf on padding)
-    fed: list[int]  # per layer, the row of `keys` where the dense rows start (a padded context's flat heads first)
+    fed: list[int]  # per layer, the row of `keys` where the fed rows start (after the context's own entries)
 
     @classmethod
     def run(cls, work) -> ReconstructionPass:
@@ -48,7 +48,7 @@ class ReconstructionPass:
             torch.arange(len(span)) + base + first,
             [keys[0] for keys, _, _ in layers],
             [bias[0] for _, _, bias in layers],
-            [layer.slots for layer in context.cache.layers],
+            [layer.slots + layer.loaded for layer in context.cache.layers],
         )
 
     def scores(self, lm: FrozenLM) -> torch.Tensor:

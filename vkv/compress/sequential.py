@@ -183,7 +183,7 @@ def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn,
     acts = Activations(
         values, keys, surprisal, turn.start, turn.end, torch.stack(store["queries_pre_rope"]) if queries else None
     )
-    return TurnView(acts, KVPrefix.from_cache(context.cache).slice(context.base_length))
+    return TurnView(acts, context.cache.fed())
 
 
 def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: list[Turn]) -> None:
@@ -198,7 +198,7 @@ def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: li
             )
         before = context.length
         context.feed(ids[turn.start : turn.end])
-        segment = verbatim_segment(KVPrefix.from_cache(context.cache).slice(before), turn.start)
+        segment = verbatim_segment(context.cache.fed(before), turn.start)
         segment.stats = turn_stats(turn)
         cache.append(segment)
 

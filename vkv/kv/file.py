@@ -12,6 +12,7 @@ import torch
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
+from vkv.kv.check import STORES, check_cache, check_digest, digest
 from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
 from vkv.kv.spliced import SplicedCache
 from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
@@ -20,7 +21,6 @@ from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
 # 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
 FORMAT_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
-STORES = ("kv", "embeddings")  # the header's `store` (absent: kv); embeddings: no K/V, rebuilt at load
 
 
 def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[str, Any]:
@@ -96,6 +96,8 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         **cache.meta,
         "store": store,  # after the meta, which holds the store a loaded cache came from
     }
+    header.pop("digest", None)  # a loaded cache's meta holds its file's
+    header["digest"] = digest(header, tensors)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
 
@@ -193,11 +195,28 @@ def read_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
-def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache | StoredCache:
-    """Read a cache file without a model: a `kv` file as a SplicedCache, an embeddings-only one as the StoredCache a
-    model rebuilds (`vkv.lm.rebuild.load_cache`). With `fingerprint`, refuse a file built for another model."""
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own error types for truncated or corrupt data
+        raise VkvError(f"{path}: tensor data is truncated or corrupt ({exc})") from exc
+
+
+def verify(path: str | Path) -> dict[str, Any]:
+    """The header of a cache file whose header and tensors were checked in full (`vkv inspect`)."""
+    header = read_header(path)
+    tensors = read_tensors(Path(path))
+    check_cache(path, header, tensors)
+    check_digest(path, header, tensors)
+    return header
+
+
+def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache | StoredCache:
+    """Read a cache file without a model: a `kv` file as a SplicedCache, an embeddings-only one as the StoredCache a
+    model rebuilds (`vkv.lm.rebuild.load_cache`). With `fingerprint`, refuse a file built for another model. The file
+    is checked in full first (`vkv.kv.check`)."""
     p = Path(path)
     header = read_header(p)
     store = header.get("store", "kv")
@@ -208,20 +227,21 @@ def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache
             f"{p}: field fingerprint: cache was built for model '{header.get('model')}' "
             f"({header.get('fingerprint')}), not for the model in hand ({fingerprint})"
         )
-    try:
-        tensors = load_file(str(p))
-    except Exception as exc:
-        raise VkvError(f"{p}: tensor data is truncated or corrupt ({exc})") from exc
+    tensors = read_tensors(p)
+    check_cache(p, header, tensors)
     spec = header.get("spec", {})
     expected = (spec.get("num_layers"), spec.get("num_kv_heads"), spec.get("head_dim"))
-    meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store")}
+    meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store", "digest")}
     rows = header.get("segments", [])
     if store == "embeddings":
         stored = [_stored_from(tensors, i, row, spec, p) for i, row in enumerate(rows)]
+        check_digest(p, header, tensors)
         return StoredCache(stored, int(header["next_position"]), meta)
     cache = SplicedCache(meta=meta)
+    working = dict(tensors)  # _segment_from unpacks flat segments in it; the digest reads the file's own
     for i, row in enumerate(rows):
-        cache.segments.append(_segment_from(tensors, i, row, expected, p))
+        cache.segments.append(_segment_from(working, i, row, expected, p))
+    check_digest(p, header, tensors)
     cache.next_position = int(header["next_position"])
     return cache
 

@@ -32,7 +32,8 @@ RAGGED_TAG = "vkv_ragged_layer"  # the attribute of the keys `update()` returns 
 
 
 class RaggedLayer(CacheLayerMixin):
-    """One layer of a RaggedCache: flat per-head entries (or None), the dense part and the logical position."""
+    """One layer of a RaggedCache: the entries it was built with (flat per-head ones and dense ones, never changed),
+    the tokens fed since, and the logical position."""
 
     is_sliding = False
     is_croppable = True
@@ -45,9 +46,9 @@ class RaggedLayer(CacheLayerMixin):
         flat: FlatHeads | None = None,
         position: int = 0,
     ):
-        """`keys`/`values` `[batch, kv_heads, loaded, head_dim]`: the dense entries it starts with; `bias` `[1, kv_heads,
-        loaded]` float32 their biases (None: none); `flat` the per-head entries; `position` the logical position of the
-        first token fed after them."""
+        """`keys`/`values` `[batch, kv_heads, loaded, head_dim]`: the dense entries it is built with; `bias` `[1 or
+        batch, kv_heads, loaded]` float32 their biases (None: none); `flat` the per-head entries; `position` the
+        logical position of the first token fed after them."""
         super().__init__()
         if keys.dim() != 4 or values.shape != keys.shape:
             raise VkvError(
@@ -67,7 +68,7 @@ class RaggedLayer(CacheLayerMixin):
                 f"the dense part's {keys.shape[1]} heads of size {keys.shape[-1]}"
             )
         self.keys, self.values, self.bias, self.flat = keys, values, bias, flat
-        self.loaded = keys.shape[2]
+        self.new_keys, self.new_values = keys[:, :, :0], values[:, :, :0]  # [batch, kv_heads, fed, head_dim]
         self.position = position
         self.device = keys.device
         self.is_initialized = True
@@ -77,32 +78,32 @@ class RaggedLayer(CacheLayerMixin):
         """Nothing to do: a RaggedLayer is built holding its entries."""
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Append the new tokens' K/V `[batch, kv_heads, n, head_dim]` to the dense part; returns the dense keys and
-        values, the keys tagged with this layer for the attention function."""
-        if key_states.shape[0] != self.keys.shape[0] and self.keys.shape[0] == 1:  # first feed of a batch
+        """Append the new tokens' K/V `[batch, kv_heads, n, head_dim]` to those fed since the layer was built; returns
+        them all, the keys tagged with this layer for the attention function (which reads the built entries too)."""
+        if key_states.shape[0] != self.new_keys.shape[0] and self.new_keys.shape[0] == 1:  # first feed of a batch
             self.batch_repeat_interleave(key_states.shape[0])
-        self.keys = torch.cat([self.keys, key_states.to(self.keys.dtype)], dim=-2)
-        self.values = torch.cat([self.values, value_states.to(self.values.dtype)], dim=-2)
-        keys = self.keys.view_as(self.keys)
+        self.new_keys = torch.cat([self.new_keys, key_states.to(self.keys.dtype)], dim=-2)
+        self.new_values = torch.cat([self.new_values, value_states.to(self.values.dtype)], dim=-2)
+        keys = self.new_keys.view_as(self.new_keys)
         setattr(keys, RAGGED_TAG, self)
-        return keys, self.values
+        return keys, self.new_values
 
     def get_seq_length(self) -> int:
         """The logical position of the next token."""
         return self.position + self.appended
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """The mask transformers builds covers the appended tokens and the new ones, at logical indices from
-        `position` on (so a 2-d padding mask over the whole logical length is read where it belongs); everything the
-        layer was built with is visible to every new token, with its bias."""
+        """The mask transformers builds covers the tokens fed since the layer was built and the new ones, at logical
+        indices from `position` on (so a 2-d padding mask over the whole logical length is read where it belongs);
+        every built entry is visible to every new token, with its bias."""
         return self.appended + query_length, self.position
 
     def get_max_length(self) -> int:
         return -1
 
     def crop(self, tokens_to_remove: int) -> None:
-        """Remove the last `-tokens_to_remove` appended tokens (transformers' convention: a negative count); the
-        entries the layer was built with are never removed."""
+        """Remove the last `-tokens_to_remove` tokens fed (transformers' convention: a negative count); the entries the
+        layer was built with are never removed."""
         if tokens_to_remove > 0:
             raise VkvError("crop takes a negative count of tokens to remove")
         remove = -tokens_to_remove
@@ -112,61 +113,72 @@ class RaggedLayer(CacheLayerMixin):
                 "entries it was built with are not removable"
             )
         if remove:
-            self.keys = self.keys[:, :, : self.keys.shape[2] - remove]
-            self.values = self.values[:, :, : self.values.shape[2] - remove]
+            keep = self.appended - remove  # a copy, so that the removed tokens' memory is freed
+            self.new_keys = self.new_keys[:, :, :keep].clone()
+            self.new_values = self.new_values[:, :, :keep].clone()
 
     def reset(self) -> None:
         """Back to the entries the layer was built with."""
         self.crop(-self.appended)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        """Repeat the dense part in the batch dimension (the flat entries and biases are shared by every row)."""
-        self.keys = self.keys.repeat_interleave(repeats, dim=0)
-        self.values = self.values.repeat_interleave(repeats, dim=0)
+        """Repeat the tokens fed in the batch dimension (the built entries are shared by every row)."""
+        self.new_keys = self.new_keys.repeat_interleave(repeats, dim=0)
+        self.new_values = self.new_values.repeat_interleave(repeats, dim=0)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.keys, self.values = self.keys[indices, ...], self.values[indices, ...]
+        self.new_keys, self.new_values = self.new_keys[indices, ...], self.new_values[indices, ...]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.keys = self.keys.index_select(0, beam_idx.to(self.keys.device))
-        self.values = self.values.index_select(0, beam_idx.to(self.values.device))
+        self.new_keys = self.new_keys.index_select(0, beam_idx.to(self.new_keys.device))
+        self.new_values = self.new_values.index_select(0, beam_idx.to(self.new_values.device))
 
     def offload(self):
         raise VkvError("a RaggedCache is not offloaded layer by layer; move it with `RaggedCache.to`")
 
     # ---- what vkv reads -------------------------------------------------------------------------------------
     @property
+    def loaded(self) -> int:
+        """Dense entries the layer was built with."""
+        return self.keys.shape[2]
+
+    @property
     def appended(self) -> int:
         """Tokens fed after the layer was built."""
-        return self.keys.shape[2] - self.loaded
+        return self.new_keys.shape[2]
 
     @property
     def nbytes(self) -> int:
         """Bytes of every tensor the layer holds."""
-        dense = self.keys.nbytes + self.values.nbytes + (0 if self.bias is None else self.bias.nbytes)
-        return dense + (0 if self.flat is None else self.flat.nbytes)
+        tensors = (self.keys, self.values, self.bias, self.new_keys, self.new_values)
+        return sum(t.nbytes for t in tensors if t is not None) + (0 if self.flat is None else self.flat.nbytes)
 
-    def dense_bias(self) -> torch.Tensor:
-        """The bias of every dense entry `[1, kv_heads, length]` float32: the built entries' own (0 without one), 0 for
-        the tokens appended since."""
-        heads, length = self.keys.shape[1], self.keys.shape[2]
-        bias = torch.zeros(1, heads, length, device=self.keys.device)
-        if self.bias is not None:
-            bias[..., : self.loaded] = self.bias
-        return bias
+    def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Every dense entry, built and fed: keys and values `[batch, kv_heads, loaded + fed, head_dim]` and the built
+        ones' bias `[1 or batch, kv_heads, loaded]` (None: none) — a copy when tokens were fed."""
+        if not self.appended:
+            return self.keys, self.values, self.bias
+        batch = self.new_keys.shape[0]
+        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), self.new_keys], dim=2)
+        values = torch.cat([self.values.expand(batch, -1, -1, -1), self.new_values], dim=2)
+        return keys, values, self.bias
 
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every entry in one padded layout, flat entries first: keys and values `[batch, kv_heads, slots + length,
-        head_dim]` and bias `[1, kv_heads, slots + length]` float32 (−inf on padding). For analyses that score all
-        entries at once (a copy; decoding never builds it)."""
+        """Every entry in one padded layout: flat entries first (`slots` per head), then the built dense ones, then the
+        tokens fed; keys and values `[batch, kv_heads, slots + loaded + fed, head_dim]` and bias `[1, kv_heads, same]`
+        float32 (−inf on padding). For analyses that score all entries at once (a copy; decoding never builds it)."""
+        keys, values, bias = self.dense()
+        dense_bias = torch.zeros(1, *keys.shape[1:3], device=keys.device)
+        if bias is not None:
+            dense_bias[..., : self.loaded] = bias[:1]
         if self.flat is None:
-            return self.keys, self.values, self.dense_bias()
-        keys, values, bias = self.flat.padded()
-        batch = self.keys.shape[0]
+            return keys, values, dense_bias
+        flat_keys, flat_values, flat_bias = self.flat.padded()
+        batch = keys.shape[0]
         return (
-            torch.cat([keys.expand(batch, -1, -1, -1), self.keys], dim=2),
-            torch.cat([values.expand(batch, -1, -1, -1), self.values], dim=2),
-            torch.cat([bias, self.dense_bias()], dim=2),
+            torch.cat([flat_keys.expand(batch, -1, -1, -1), keys], dim=2),
+            torch.cat([flat_values.expand(batch, -1, -1, -1), values], dim=2),
+            torch.cat([flat_bias, dense_bias], dim=2),
         )
 
     @property
@@ -250,8 +262,7 @@ class RaggedCache(Cache):
         """The entries the cache was built with (its appended tokens excluded), flat ones kept flat: what the direct
         forward attends to when it optimises on top of this cache."""
         layers = self.layers
-        keys = [layer.keys[:, :, : layer.loaded] for layer in layers]
-        values = [layer.values[:, :, : layer.loaded] for layer in layers]
+        keys, values = [layer.keys for layer in layers], [layer.values for layer in layers]
         bias = None if layers[0].bias is None else [layer.bias for layer in layers]
         flat = [layer.flat for layer in layers] if any(layer.flat is not None for layer in layers) else None
         return KVPrefix(keys, values, None, bias, flat)
@@ -284,10 +295,13 @@ class RaggedCache(Cache):
         """Tokens fed since the cache was built."""
         return self.layers[0].appended if self.layers else 0
 
-    @property
-    def length(self) -> int:
-        """Dense entries per KV head (the built ones, then the appended tokens): where new tokens' rows start."""
-        return self.layers[0].keys.shape[2] if self.layers else 0
+    def fed(self, start: int = 0) -> KVPrefix:
+        """The K/V of the tokens fed since the cache was built, from the `start`-th on, per layer `[batch, kv_heads, n,
+        head_dim]` (views)."""
+        return KVPrefix(
+            [layer.new_keys[:, :, start:] for layer in self.layers],
+            [layer.new_values[:, :, start:] for layer in self.layers],
+        )
 
     @property
     def nbytes(self) -> int:
@@ -325,7 +339,7 @@ class RaggedCache(Cache):
         }
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> RaggedCache:
-        """The same cache on another device (and dtype), appended tokens included."""
+        """The same cache on another device (and dtype), the tokens fed since it was built included."""
         moved = []
         for layer in self.layers:
             d = dtype or layer.keys.dtype
@@ -336,7 +350,7 @@ class RaggedCache(Cache):
                 None if layer.flat is None else layer.flat.to(device, d),
                 layer.position,
             )
-            new.loaded = layer.loaded
+            new.new_keys, new.new_values = layer.new_keys.to(device, d), layer.new_values.to(device, d)
             moved.append(new)
         return RaggedCache(moved, self.segments)
 

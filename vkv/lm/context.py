@@ -24,12 +24,11 @@ class Context:
         measuring against."""
         self.lm = lm
         self.cache = lm.ragged_cache(spliced, padded=padded)
-        self.base_length = self.cache.length
 
     @property
     def length(self) -> int:
-        """Dense entries per KV head: the rows of the tokens fed so far start at `base_length`."""
-        return self.cache.length
+        """Tokens fed so far (`cache.fed(start)` gives their K/V)."""
+        return self.cache.appended
 
     @property
     def position(self) -> int:
@@ -52,7 +51,7 @@ class Context:
         return out.logits[0].float()
 
     def rewind(self, length: int) -> None:
-        """Drop every token fed after the cache held `length` dense entries."""
+        """Drop every token fed after the first `length`."""
         self.cache.crop(length - self.length)
 
     @contextmanager

@@ -42,30 +42,34 @@ BASE = {"sdpa": "vkv_sdpa", "eager": "vkv_eager"}  # what `use_ragged_attention`
 
 
 def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Queries `[batch, heads, q, head_dim]` over a RaggedLayer (keys/values: its dense part, new tokens last)
-    → `[batch, q, heads, head_dim]`, no attention weights."""
+    """Queries `[batch, heads, q, head_dim]` over a RaggedLayer (`key`/`value`: the tokens fed since it was built,
+    the new ones last) → `[batch, q, heads, head_dim]`, no attention weights."""
     layer: RaggedLayer = getattr(key, RAGGED_TAG)
     batch, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     rows = group * q  # the query heads of a KV head, folded into its query rows: (group, token) order
     folded = query.reshape(batch, kv_heads, rows, dim)
-    width = layer.appended  # tokens fed since the layer was built, the new ones included
+    width = layer.appended  # tokens fed since the layer was built, the new ones included (`key`, `value`)
     tail = _tail_mask(attention_mask, heads, group, q, width, folded.dtype, folded.device)
-    keys, values, columns = key, value, []
+    built_keys, built_values, columns = [], [], []  # the entries the layer was built with, and their masks
     if layer.flat is not None:
         flat_keys, flat_values, flat_bias = layer.flat.padded()  # this layer's temporary
-        keys = torch.cat([flat_keys.expand(key.shape[0], -1, -1, -1), key], dim=2)
-        values = torch.cat([flat_values.expand(value.shape[0], -1, -1, -1), value], dim=2)
+        built_keys.append(flat_keys)
+        built_values.append(flat_values)
         columns.append(flat_bias[:, :, None])
-    if layer.bias is not None:
-        columns.append(layer.bias[:, :, None])
-    elif columns or tail is not None:
-        columns.append(folded.new_zeros(1, 1, 1, layer.loaded))
-    mask = None
-    if columns:
-        columns.append(folded.new_zeros(1, 1, 1, width) if tail is None else tail)
-        mask = _join(columns, folded.dtype)
+    if layer.loaded:
+        built_keys.append(layer.keys)
+        built_values.append(layer.values)
+        columns.append(folded.new_zeros(1, 1, 1, layer.loaded) if layer.bias is None else layer.bias[:, :, None])
+    keys, values, mask = key, value, tail
+    if built_keys:  # one tensor per layer for SDPA: the built entries (flat ones padded), then the fed ones
+        keys = torch.cat([k.expand(key.shape[0], -1, -1, -1) for k in built_keys] + [key], dim=2)
+        values = torch.cat([v.expand(value.shape[0], -1, -1, -1) for v in built_values] + [value], dim=2)
+        mask = None
+        if layer.flat is not None or layer.bias is not None or tail is not None:
+            columns.append(folded.new_zeros(1, 1, 1, width) if tail is None else tail)
+            mask = _join(columns, folded.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         folded,
         keys,

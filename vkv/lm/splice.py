@@ -40,6 +40,5 @@ def splice(
 def reencode(lm: FrozenLM, spliced: SplicedCache, ids: list[int]) -> Segment:
     """Verbatim K/V of `ids` computed on top of the spliced cache at its next logical positions."""
     context = Context(lm, spliced)
-    before = context.length
     context.feed(ids)
-    return verbatim_segment(KVPrefix.from_cache(context.cache).slice(before), spliced.next_position)
+    return verbatim_segment(context.cache.fed(), spliced.next_position)
