@@ -35,10 +35,19 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     try:
         yield Path(tmp)
+        with open(tmp, "rb") as written:  # on disk before it replaces anything
+            os.fsync(written.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes files private; the user's umask decides
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = DEFAULT_MODEL
     try:
+        if isinstance(getattr(args, "model", None), str):  # a misspelled alias fails now, not after loading anything
+            from vkv.lm.load import resolve_model_path
+
+            resolve_model_path(args.model)
         for name in getattr(args, "outputs", ()):  # files the command will write: refused now, not after the work
             if getattr(args, name, None):
                 check_writable(getattr(args, name), "--" + name.replace("_", "-"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +26,11 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
     path = override or recorded.get("path")
     if not path:
         raise VkvError(f"{cache_path}: no transcript path recorded; pass --transcript")
+    if not override and not Path(path).is_file():
+        raise VkvError(
+            f"{cache_path}: field transcript.path: the transcript it was built from, {path}, is not there any more; "
+            "pass --transcript with its new path (its hash is checked)"
+        )
     transcript = load_transcript(path)
     if recorded.get("sha256") not in (None, transcript.sha256):
         raise VkvError(f"{path}: field sha256: this transcript is not the one the cache was built from")

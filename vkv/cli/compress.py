@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vkv.cli.common import add_model_args, console, key_value_table, load_from_args, write_json
+from vkv.cli.common import add_model_args, console, key_value_table, load_from_args, number, write_json
 from vkv.errors import VkvError
 from vkv.settings import add_arguments, from_args
 
@@ -17,7 +17,9 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
     if several_ratios:
         p.add_argument("--ratio", default=str(ratio), help="comma-separated compression ratios (span tokens per entry)")
     else:
-        p.add_argument("--ratio", type=float, default=ratio, help="span tokens per virtual token (≥ 1)")
+        p.add_argument(
+            "--ratio", type=number(float, 1, strict=True), default=ratio, help="span tokens per entry (above 1)"
+        )
     p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
     add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig)
 
@@ -62,7 +64,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         "virtual_tokens": virtual.entries,
         "ratio_achieved": round(virtual.ratio, 4),
         "initial_loss": virtual.stats["initial_loss"],
-        "final_loss": virtual.stats["best_loss"],
+        "best_loss": virtual.stats["best_loss"],
         "steps": virtual.stats["steps"],
         "stopped": virtual.stats["stopped"],
         "seconds": round(virtual.stats["seconds"], 2),
@@ -124,7 +126,7 @@ def save_with_store(spliced, args: argparse.Namespace, lm, transcript) -> None:
 
 
 def _pick_window(lm, transcript, max_tokens: int, index: int):
-    """The index-th window (most questions first) of a transcript."""
+    """The index-th of a transcript's windows that carry questions, in transcript order."""
     from vkv.text.transcript import render
     from vkv.text.windows import select_windows
 
@@ -142,8 +144,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("transcript")
     add_model_args(p)
     add_compress_args(p)
-    p.add_argument("--window", type=int, help="compress one turn window of at most this many tokens")
-    p.add_argument("--window-index", type=int, default=0, help="which window (0 = the one with most questions)")
+    p.add_argument("--window", type=number(int, 1), help="compress one turn window of at most this many tokens")
+    p.add_argument(
+        "--window-index",
+        type=number(int, 0),
+        default=0,
+        help="which of the windows that carry questions, in transcript order (0: the first)",
+    )
     p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
     p.add_argument(
         "--store",

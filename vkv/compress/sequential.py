@@ -26,7 +26,7 @@ import torch
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
-from vkv.compress.pooling import num_virtual_tokens
+from vkv.compress.pooling import span_budget
 from vkv.compress.problem import SpanProblem, needs_queries
 from vkv.compress.single import virtual_segment
 from vkv.compress.targets import Targets, target_kind
@@ -216,7 +216,7 @@ def target_drift(online: TurnView, oracle: TurnView) -> float:
 def allocate(lengths: list[int], ratio: float) -> list[int]:
     """Entries per turn: the span's total budget (the rounding every method uses) shared in proportion to the
     turns' lengths by largest remainder, at least one entry and at most the turn's length each."""
-    total = num_virtual_tokens(sum(lengths), ratio)
+    total = span_budget(sum(lengths), ratio)
     if total < len(lengths):
         raise VkvError(
             f"ratio {ratio} leaves {total} entries for {len(lengths)} turns, and each turn needs one; "

@@ -79,6 +79,7 @@ class Session:
                     f"message {index}: the chat template re-renders earlier messages once it is added "
                     "(or renders it to nothing), so the session cannot extend its cache"
                 )
+            self.lm.check_positions(len(new_ids), f"message {index}", "start a session from fewer messages")
             turns.append(Turn(index, index + 1, message.role, len(ids), len(new_ids)))
             ids = new_ids
         return turns, ids, text

@@ -15,7 +15,7 @@ import torch
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
 from vkv.compress.optimise import optimise
-from vkv.compress.pooling import num_virtual_tokens
+from vkv.compress.pooling import span_budget
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
@@ -41,7 +41,7 @@ def virtual_segment(
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`; with a distillation
     stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
     start, end = acts.start, acts.end
-    budget = num_virtual_tokens(end - start, config.ratio)  # entries each KV head attends to
+    budget = span_budget(end - start, config.ratio)  # entries each KV head attends to
     problem = SpanProblem.build(
         lm, ids, acts, config.virtual_tokens(budget, end - start), config, message_starts, attention
     )
@@ -91,12 +91,7 @@ def render_within_positions(lm: FrozenLM, transcript):
     from vkv.text.transcript import render
 
     rendered = render(transcript, lm.tokenizer)
-    limit = getattr(lm.config, "max_position_embeddings", None)
-    if limit and len(rendered.ids) > limit:
-        raise VkvError(
-            f"{transcript.path or transcript.id}: renders to {len(rendered.ids)} tokens, more than the "
-            f"{limit} positions of {lm.name}; compress a window of it (--window)"
-        )
+    lm.check_positions(len(rendered.ids), f"{transcript.path or transcript.id} ({len(rendered.ids)} tokens)")
     return rendered
 
 

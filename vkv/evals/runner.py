@@ -83,6 +83,9 @@ class TranscriptEval:
         self.settings = settings or EvalSettings()
         self.turns = turns or transcript.default_span()
         self.rendered = render(transcript, lm.tokenizer)
+        lm.check_positions(
+            len(self.rendered.ids), f"{transcript.path or transcript.id} ({len(self.rendered.ids)} tokens)"
+        )
         self.start, self.end = self.rendered.token_span(*self.turns)
         if not transcript.questions:
             raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")

@@ -31,7 +31,7 @@ def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[s
     return {
         "id": transcript.id,
         "sha256": transcript.sha256,
-        "path": transcript.path,
+        "path": str(Path(transcript.path).resolve()) if transcript.path else None,
         "turns": list(turns),
         "tokens": tokens,
         "window": list(window) if window else None,

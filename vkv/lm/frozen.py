@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
@@ -74,6 +75,19 @@ class FrozenLM:
     def cache_shape(self) -> tuple[int, int, int]:
         """(layers, kv_heads, head_dim) of the K/V this model caches."""
         return self.spec.num_layers, self.spec.num_kv_heads, self.spec.head_dim
+
+    @property
+    def max_positions(self) -> int | None:
+        """How many positions the model was trained on (None when its config does not say)."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+    def check_positions(self, end: int, what: str, remedy: str = "use a window of it (--window)") -> None:
+        """Refuse, before any prefill, work that would place a token at position `end` − 1 or later beyond the
+        model's positions."""
+        if self.max_positions and end > self.max_positions:
+            raise VkvError(
+                f"{what}: reaches position {end}, beyond the {self.max_positions} positions of {self.name}; {remedy}"
+            )
 
     def ragged_cache(self, spliced: SplicedCache, padded: bool = False) -> RaggedCache:
         """The decoding cache of `spliced` on this model's device and in its dtype."""

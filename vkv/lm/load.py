@@ -69,7 +69,22 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
         return str(path), True
     if not HUB_ID.fullmatch(name):  # dots are allowed: Qwen/Qwen2.5-Coder-7B-Instruct
         raise VkvError(f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a hub id")
+    if "/" not in name and not _in_hub_cache(name):  # most likely a misspelled alias: say so now, not after retries
+        raise VkvError(
+            f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a downloaded model; "
+            "hub ids are owner/name"
+        )
     return name, False
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the Hugging Face cache already holds `name`'s config (so it loads without the network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(name, "config.json"), str)
+    except Exception:  # an id the hub library refuses is not in its cache either
+        return False
 
 
 def load_model(
@@ -95,9 +110,12 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local)
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, (OSError, ValueError)) and type(exc).__name__ != "SafetensorError":
+            raise
         where = "directory" if local else "hub id (not available offline or in the Hugging Face cache)"
-        raise VkvError(f"could not load model '{name}' as a {where}: {str(exc).splitlines()[0]}") from exc
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise VkvError(f"{path}: could not load model '{name}' as a {where}: {reason}") from exc
     if q not in ("8bit", "4bit"):
         model.to(dev)
     return FrozenLM(model, tokenizer, name=name, quant=q, device=dev, load_seconds=time.perf_counter() - start)

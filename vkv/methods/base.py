@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vkv.compress.pooling import num_virtual_tokens
+from vkv.compress.pooling import span_budget
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, SegmentGroup, verbatim_segment
 from vkv.kv.spliced import SplicedCache
@@ -42,7 +42,7 @@ class SpanWork:
 
     def budget(self, ratio: float) -> int:
         """Entries a method may keep for the span at this ratio (the same rounding for every method)."""
-        return num_virtual_tokens(self.span_length, ratio)
+        return span_budget(self.span_length, ratio)
 
     def keep(self, relative: torch.Tensor | list[int]) -> Segment:
         """Verbatim segment of the span's tokens at these span-relative indices, at their original positions."""

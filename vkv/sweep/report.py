@@ -37,12 +37,30 @@ def load(directory: str | Path) -> SweepResults:
     if not files:
         raise VkvError(f"{d}: no results*.jsonl here; run `vkv sweep CONFIG --out {d}` first")
     lines = [line for line in read_results(d) if isinstance(line.get("result"), dict)]
+    for line in lines:
+        _check_line(line, d)
     if not lines:
         raise VkvError(f"{d}: the results files hold no finished runs yet")
     _label(lines)
     finished = {line["run_id"] for line in lines}
     errors = [e for e in read_results(d, "errors*.jsonl", latest=True) if e.get("run_id") not in finished]
     return SweepResults(d, lines, errors, files)
+
+
+def _check_line(line: dict, directory: Path) -> None:
+    """Refuse, naming the field, a results line that `vkv sweep` did not write (another schema)."""
+    number = (int, float)
+    fields = {"run_id": str, "run": dict, "identity": dict, "result": dict, "git": dict, "seed": int}
+    fields.update(wall_seconds=number, peak_memory_mb=number)
+    for name, kind in fields.items():
+        if not isinstance(line.get(name), kind) or isinstance(line.get(name), bool):
+            raise VkvError(
+                f"{directory}: field {name} of run {line.get('run_id')!r}: missing or of another type; "
+                "the results files hold lines `vkv sweep` did not write"
+            )
+    for name in ("method", "model"):
+        if not isinstance(line["run"].get(name), str):
+            raise VkvError(f"{directory}: field run.{name} of run {line['run_id']!r}: missing")
 
 
 # ---- variants and rows -----------------------------------------------------------------------------------

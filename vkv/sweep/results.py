@@ -39,11 +39,15 @@ def _complete_lines(path: Path) -> list[dict]:
     data = path.read_bytes()
     body = data[: data.rfind(b"\n") + 1]  # a trailing partial line (a write cut by a crash) is not a result
     lines = []
-    for raw in body.splitlines():
+    for number, raw in enumerate(body.splitlines(), 1):
         try:
-            lines.append(json.loads(raw))
-        except json.JSONDecodeError:
-            print(f"warning: {path}: skipping a line that is not JSON", file=sys.stderr)
+            line = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            line = None
+        if isinstance(line, dict):
+            lines.append(line)
+        else:
+            print(f"warning: {path}: skipping line {number}, which is not a JSON object", file=sys.stderr)
     return lines
 
 

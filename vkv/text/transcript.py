@@ -191,7 +191,7 @@ def _question(q: Any, where: _Where, prefix: str, n_messages: int) -> Question:
     accept = _string_list(q, "accept", where, prefix, required=True)
     reject = _string_list(q, "reject", where, prefix)
     choices = _string_list(q, "choices", where, prefix)
-    if choices and len(choices) < 2:
+    if "choices" in q and len(choices) < 2:  # an empty list too: omit the field instead
         where.fail(f"{prefix}.choices", "needs at least two choices (the correct one first)")
     if len(set(c.lower() for c in choices)) != len(choices):
         where.fail(f"{prefix}.choices", "contains duplicates")
