@@ -96,3 +96,43 @@ def test_check_value_names_the_field():
         check_value(steps, "many", "")
     with pytest.raises(VkvError, match="field pooling: unknown value 'median'"):
         check_value(pooling, "median", "")
+
+
+def _configs():
+    from vkv.compress.config import CompressConfig
+    from vkv.compress.distill import DistillConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.evals.runner import EvalSettings
+    from vkv.tools.bench_cache import CacheBenchConfig
+
+    return [CompressConfig, OptimConfig, DistillConfig, EvalSettings, CacheBenchConfig]
+
+
+@pytest.mark.parametrize("config", _configs(), ids=lambda c: c.__name__)
+def test_every_number_setting_declares_its_range(config):
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(config)
+    for f in dataclasses.fields(config):
+        kinds = {hints[f.name]} | set(typing.get_args(hints[f.name]))
+        if "nested" not in f.metadata and kinds & {int, float}:
+            assert f.metadata.get("minimum") is not None, f"{config.__name__}.{f.name} has no declared range"
+
+
+def test_a_range_is_refused_alike_by_flags_sweeps_and_the_python_api(tmp_path, capsys):
+    from vkv.cli import main
+    from vkv.compress.config import CompressConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.errors import VkvError
+    from vkv.settings import from_dict
+
+    with pytest.raises(SystemExit):
+        main(["compress", "t.json", "--out", str(tmp_path / "c.safetensors"), "--steps", "-1"])
+    assert "--steps" in capsys.readouterr().err
+    with pytest.raises(VkvError, match="field steps: must be a finite number at least 0"):
+        CompressConfig(optim=OptimConfig(steps=-1)).validate()
+    with pytest.raises(VkvError, match="field oversample: must be a finite number above 1"):
+        from_dict(CompressConfig, {"oversample": 1.0})
+    with pytest.raises(VkvError, match="field distill_lr"):
+        from_dict(CompressConfig, {"distill": {"lr": float("nan")}})

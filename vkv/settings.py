@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
@@ -21,10 +22,20 @@ from vkv.errors import VkvError
 Choices = tuple[str, ...] | Callable[[], Iterable[str]] | None
 
 
-def setting(default: Any, help: str = "", choices: Choices = None, cli: bool = True) -> Any:
+def setting(
+    default: Any,
+    help: str = "",
+    choices: Choices = None,
+    cli: bool = True,
+    minimum: float | None = None,
+    above: bool = False,
+) -> Any:
     """A dataclass field with its help text and allowed values (`choices`: a tuple, or a function returning a
-    registry's names, called when they are needed); `cli=False` keeps it out of the command line and sweeps."""
-    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli})
+    registry's names, called when they are needed); `cli=False` keeps it out of the command line and sweeps. A number
+    with a `minimum` must be finite and at least it (above it with `above`): the command line, sweeps and
+    `check_ranges` (each config's validate) refuse anything else alike."""
+    bound = {"minimum": minimum, "above": above}
+    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli, **bound})
 
 
 def nested(config: type, prefix: str = "", help: str = "") -> Any:
@@ -42,6 +53,8 @@ class Setting:
     kind: Any  # the field's resolved type annotation
     help: str
     choices: Choices
+    minimum: float | None = None
+    above: bool = False
 
     @property
     def flag(self) -> str:
@@ -72,15 +85,44 @@ def flat_settings(config: type, prefix: str = "", path: tuple[str, ...] = ()) ->
                 hints[f.name],
                 f.metadata.get("help", ""),
                 f.metadata.get("choices"),
+                f.metadata.get("minimum"),
+                f.metadata.get("above", False),
             )
         )
     return out
 
 
+def out_of_range(s: Setting, value: Any) -> str | None:
+    """Why `value` breaks setting `s`'s declared range, or None when it does not (None values are not numbers)."""
+    if isinstance(value, (tuple, list)):  # a list of numbers: each one
+        return next((p for p in (out_of_range(s, v) for v in value) if p), None)
+    if s.minimum is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < s.minimum or (s.above and value == s.minimum):
+        return f"must be a finite number {'above' if s.above else 'at least'} {s.minimum:g}, got {value!r}"
+    return None
+
+
+def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
+    """Refuse a config (nested ones included, settings kept off the command line too) holding a number outside its
+    setting's declared range."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if "nested" in f.metadata:
+            check_ranges(value, where, prefix + f.metadata["prefix"])
+            continue
+        bound = Setting(
+            prefix + f.name, (f.name,), None, None, "", None, f.metadata.get("minimum"), f.metadata.get("above", False)
+        )
+        problem = out_of_range(bound, value)
+        if problem:
+            raise VkvError(f"{where}field {bound.key}: {problem}")
+
+
 # ---- building configs back ----------------------------------------------------------------------------------
 
 
-def from_dict(config: type, data: dict[str, Any], where: str = "") -> Any:
+def from_dict(config: type, data: dict[str, Any], where: str = "", check: bool = True) -> Any:
     """`config` from a nested dictionary (as `dataclasses.asdict` writes it): unknown keys refused by name, lists
     become tuples, nested configs built recursively."""
     data = data or {}
@@ -92,10 +134,13 @@ def from_dict(config: type, data: dict[str, Any], where: str = "") -> Any:
     for name, value in data.items():
         nested_type = known[name].metadata.get("nested")
         if nested_type is not None and isinstance(value, dict):
-            values[name] = from_dict(nested_type, value, where)
+            values[name] = from_dict(nested_type, value, where, check=False)  # checked below, under its prefix
         else:
             values[name] = tuple(value) if isinstance(value, list) else value
-    return config(**values)
+    built = config(**values)
+    if check:
+        check_ranges(built, where)
+    return built
 
 
 def from_flat(config: type, flat: dict[str, Any], base: Any = None) -> Any:
@@ -123,6 +168,9 @@ def check_value(s: Setting, value: Any, where: str) -> Any:
         return float(value)
     if type(value) is not type(default):
         raise VkvError(f"{where}field {s.key}: expected {type(default).__name__}, got {value!r}")
+    problem = out_of_range(s, value)
+    if problem:
+        raise VkvError(f"{where}field {s.key}: {problem}")
     allowed = s.allowed()
     if allowed is not None and value not in allowed:
         raise VkvError(f"{where}field {s.key}: unknown value {value!r}; choose one of {', '.join(allowed)}")
@@ -159,9 +207,24 @@ def _optional_tuple(kind: Any) -> bool:
 
 def _scalar_type(s: Setting) -> Callable[[str], Any]:
     if s.default is not None:
-        return type(s.default)
-    real = [a for a in typing.get_args(s.kind) if a is not type(None)]
-    return real[0] if real else str
+        kind = type(s.default)
+    else:
+        real = [a for a in typing.get_args(s.kind) if a is not type(None)]
+        kind = real[0] if real else str
+    if s.minimum is None:
+        return kind
+
+    def parse(text: str) -> Any:  # refused by argparse, before anything is loaded
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        problem = out_of_range(s, value)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
 
 
 def _comma_list(s: Setting) -> Callable[[str], tuple]:
@@ -174,10 +237,14 @@ def _comma_list(s: Setting) -> Callable[[str], tuple]:
 
     def parse(text: str) -> tuple:
         try:
-            return tuple(element(x.strip()) for x in text.split(",") if x.strip())
+            values = tuple(element(x.strip()) for x in text.split(",") if x.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{s.flag}: expected comma-separated {element.__name__}s, got {text!r}"
             ) from None
+        problem = out_of_range(s, values)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{s.flag}: {problem}")
+        return values
 
     return parse

@@ -8,7 +8,7 @@ from typing import Any
 from vkv.compress.distill import DistillConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.errors import VkvError
-from vkv.settings import from_dict, nested, setting
+from vkv.settings import check_ranges, from_dict, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
 HEAD_SHARES = ("all", "uniform", "adaptive")  # which virtual tokens each KV head attends to (compress/head_budget.py)
@@ -34,20 +34,24 @@ def _target_kinds():
 
 @dataclass
 class CompressConfig:
-    ratio: float = setting(3.2, "span tokens per virtual token (≥ 1)", cli=False)  # each command takes its own
+    ratio: float = setting(
+        3.2, "span tokens per virtual token (≥ 1)", cli=False, minimum=1
+    )  # each command takes its own
     pooling: str = setting("surprisal", "how tokens are weighted inside a block", _pooling_rules)
     positions: str = setting(
         "centres", "where virtual tokens sit: centres = the mean position of their block's tokens", _position_schemes
     )
     target: str = setting("v", "what the virtual tokens' K/V must match", _target_kinds)
-    attention_weight: float = setting(1.0, "with --target v+attention: weight of the read-out error next to the V loss")
+    attention_weight: float = setting(
+        1.0, "with --target v+attention: weight of the read-out error next to the V loss", minimum=0
+    )
     boundaries: str = setting(
         "surprisal",
         "blocks of equal token counts, snapped to line/message starts, or of equal surprisal mass",
         BOUNDARIES,
     )
     mass_floor: float = setting(
-        0.0, "with --boundaries surprisal: each token's block mass is its surprisal + this × the span's mean"
+        0.0, "with --boundaries surprisal: each token's block mass is its surprisal + this × the span's mean", minimum=0
     )
     proportional_attention: bool = setting(
         True, "later queries add log(tokens per virtual token) to their attention logits"
@@ -71,7 +75,10 @@ class CompressConfig:
         HEAD_SHARES,
     )
     oversample: float = setting(
-        3.0, "with head_share uniform or adaptive (unused with all): virtual tokens optimised per entry of the budget"
+        3.0,
+        "with head_share uniform or adaptive (unused with all): virtual tokens optimised per entry of the budget",
+        minimum=1,
+        above=True,  # each head must have more virtual tokens to choose from than it keeps
     )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
@@ -91,12 +98,7 @@ class CompressConfig:
         ):
             if value not in allowed:
                 raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
-        if not self.mass_floor >= 0:
-            raise VkvError(f"field mass_floor: must be ≥ 0, got {self.mass_floor}")
-        if not self.oversample > 1:  # each head must have more virtual tokens to choose from than it keeps
-            raise VkvError(f"field oversample: must be > 1, got {self.oversample}")
-        if not self.attention_weight >= 0:
-            raise VkvError(f"field attention_weight: must be ≥ 0, got {self.attention_weight}")
+        check_ranges(self)
         self.optim.validate()
         self.distill.validate()
         return self

@@ -17,7 +17,7 @@ from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import RaggedCache
 from vkv.lm.frozen import FrozenLM
-from vkv.settings import setting
+from vkv.settings import check_ranges, setting
 
 PROBES = ("continuation", "summary")
 SUMMARY_REQUEST = (
@@ -28,17 +28,18 @@ SUMMARY_REQUEST = (
 
 @dataclass
 class DistillConfig:
-    steps: int = setting(0, "after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)")
-    lr: float = setting(3e-3, "the distillation stage's learning rate")
+    steps: int = setting(
+        0, "after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)", minimum=0
+    )
+    lr: float = setting(3e-3, "the distillation stage's learning rate", minimum=0, above=True)
     probes: tuple[str, ...] = setting(PROBES, f"probe texts, from {', '.join(PROBES)}")
-    probe_tokens: int = setting(64, "tokens scored per probe (the summary's request comes on top)")
+    probe_tokens: int = setting(64, "tokens scored per probe (the summary's request comes on top)", minimum=1)
 
     def validate(self) -> DistillConfig:
         unknown = set(self.probes) - set(PROBES)
         if unknown or not self.probes:
             raise VkvError(f"distill probes must be a non-empty subset of {', '.join(PROBES)}, got {self.probes}")
-        if self.steps < 0 or not self.lr > 0 or self.probe_tokens < 1:
-            raise VkvError(f"distill needs steps ≥ 0, lr > 0 and probe_tokens ≥ 1, got {self}")
+        check_ranges(self, prefix="distill_")
         return self
 
 

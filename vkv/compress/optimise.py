@@ -21,7 +21,7 @@ from vkv.compress.targets import TARGET_KINDS, AttentionTargets, Targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
-from vkv.settings import setting
+from vkv.settings import check_ranges, setting
 
 INITS = ("pooled", "random", "mean", "lstsq")
 LOSSES = ("mse", "cosine")
@@ -35,18 +35,22 @@ class OptimConfig:
     # Chosen on the dev split (evals/RESULTS.md, issue 19 levers 4 and 6): 25 steps vs 100, −0.013 [−0.032, +0.009]
     # retention at 3.6x less time; with head-wise shares (the default), 15 vs 25 +0.005 [−0.009, +0.020] and 10 vs 25
     # −0.010 [−0.031, +0.010]; with oversample 3 (the default), 10 vs 15 +0.001 n.s.; 300 lower the loss, not retention
-    steps: int = setting(10, "Adam steps on the virtual embeddings")
-    lr: float = setting(1e-2, "Adam's learning rate")
+    steps: int = setting(10, "Adam steps on the virtual embeddings", minimum=0)
+    lr: float = setting(1e-2, "Adam's learning rate", minimum=0, above=True)
     init: str = setting(
         "lstsq", "pooled embeddings, then layer 0's V matched exactly (lstsq); or pooled, random, mean", INITS
     )
     loss: str = setting("mse", "variance-normalised MSE per layer, or 1 - cosine similarity per head vector", LOSSES)
     schedule: str = setting("constant", "learning-rate schedule", SCHEDULES)
-    patience: int = setting(50, "stop when the best loss has not improved by --min-rel-improvement for this many steps")
-    min_rel_improvement: float = setting(1e-3, "relative improvement that resets --patience")
-    clip: float = setting(1.0, "gradient-norm clip")
-    max_lr_halvings: int = setting(4, "times the learning rate is halved when a step makes the loss non-finite")
-    seed: int = setting(0, "seed of the random init and of everything else a run draws")
+    patience: int = setting(
+        50, "stop when the best loss has not improved by --min-rel-improvement for this many steps", minimum=1
+    )
+    min_rel_improvement: float = setting(1e-3, "relative improvement that resets --patience", minimum=0)
+    clip: float = setting(1.0, "gradient-norm clip", minimum=0, above=True)
+    max_lr_halvings: int = setting(
+        4, "times the learning rate is halved when a step makes the loss non-finite", minimum=0
+    )
+    seed: int = setting(0, "seed of the random init and of everything else a run draws", minimum=0)
     layer_weights: tuple[float, ...] | None = setting(
         None, "per-layer loss weights (default: equal); layers after the last nonzero weight are never run"
     )
@@ -56,8 +60,10 @@ class OptimConfig:
         "else fp32; the embeddings being optimised stay fp32 either way",
         PRECISIONS,
     )
-    betas: tuple[float, float] = setting((0.8, 0.95), "Adam's betas; reach a loss in ~2/3 the steps of 0.9,0.999")
-    target_loss: float | None = setting(None, "stop as soon as the loss is at or below this")
+    betas: tuple[float, float] = setting(
+        (0.8, 0.95), "Adam's betas, each below 1; reach a loss in ~2/3 the steps of 0.9,0.999", minimum=0
+    )
+    target_loss: float | None = setting(None, "stop as soon as the loss is at or below this", minimum=0)
 
     def validate(self) -> OptimConfig:
         for name, value, allowed in (
@@ -70,8 +76,7 @@ class OptimConfig:
                 raise VkvError(f"unknown {name} '{value}'; choose one of {', '.join(allowed)}")
         if not all(0 <= b < 1 for b in self.betas) or len(self.betas) != 2:
             raise VkvError(f"Adam betas must be two numbers in [0, 1), got {self.betas}")
-        if self.steps < 0 or not self.lr > 0:
-            raise VkvError(f"steps must be ≥ 0 and lr > 0, got steps={self.steps}, lr={self.lr}")
+        check_ranges(self)
         if self.layer_weights is not None and (min(self.layer_weights, default=-1) < 0 or not any(self.layer_weights)):
             raise VkvError("layer_weights must be non-negative with at least one positive weight")
         return self

@@ -32,9 +32,11 @@ from vkv.text.transcript import Question, Transcript, continuation_ids, followup
 
 @dataclass
 class EvalSettings:
-    min_gap: float = setting(1.0, "nats; questions whose full-vs-none gap is smaller are flagged, not averaged")
-    max_new_tokens: int = setting(24, "longest greedy answer, in tokens")
-    seed: int = setting(0, cli=False)  # the run's seed (the optimiser's --seed), recorded with the result
+    min_gap: float = setting(
+        1.0, "nats; questions whose full-vs-none gap is smaller are flagged, not averaged", minimum=0
+    )
+    max_new_tokens: int = setting(24, "longest greedy answer, in tokens", minimum=1)
+    seed: int = setting(0, cli=False, minimum=0)  # the run's seed (the optimiser's --seed), recorded with the result
 
 
 @dataclass

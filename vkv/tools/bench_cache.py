@@ -204,14 +204,16 @@ class CacheBenchConfig:
     quant: str = setting("fp32", "quantisation of the model")
     device: str = setting("cpu", "cpu, cuda, cuda:N or auto")
     transcript: str = setting(str(DEFAULT_TRANSCRIPT), "the transcript whose windows are used")
-    windows: tuple[int, ...] = setting((512, 2048), "window sizes in tokens (the longest window of each size)")
+    windows: tuple[int, ...] = setting(
+        (512, 2048), "window sizes in tokens (the longest window of each size)", minimum=1
+    )
     methods: tuple[str, ...] = setting(("kvzip", "am", "vkv"), "methods compressing each window's span")
-    ratios: tuple[float, ...] = setting((3.2, 4.8), "requested ratios")
-    question_tokens: int = setting(32, "tokens of the question prompt after the window")
-    new_tokens: int = setting(64, "greedy tokens generated after the question (no early stop)")
-    rounds: int = setting(3, "alternating rounds per layout; medians are reported")
-    threads: int = setting(1, "torch threads")
-    seed: int = setting(0, "seed of the methods")
+    ratios: tuple[float, ...] = setting((3.2, 4.8), "requested ratios", minimum=1, above=True)
+    question_tokens: int = setting(32, "tokens of the question prompt after the window", minimum=1)
+    new_tokens: int = setting(64, "greedy tokens generated after the question (no early stop)", minimum=1)
+    rounds: int = setting(3, "alternating rounds per layout; medians are reported", minimum=1)
+    threads: int = setting(1, "torch threads", minimum=1)
+    seed: int = setting(0, "seed of the methods", minimum=0)
     json: str = setting("bench-cache.json", "where to write the results")
 
 
