@@ -152,7 +152,7 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
 def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcript_path, tmp_path, capsys):
     from vkv.cli import main
 
-    with pytest.raises(VkvError, match="field attention_weight: must be ≥ 0, got -1"):
+    with pytest.raises(VkvError, match="field attention_weight: must be a finite number at least 0, got -1"):
         CompressConfig(attention_weight=-1.0).validate()
     assert (
         main(
@@ -171,4 +171,4 @@ def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcri
         )
         == 2
     )
-    assert "attention_weight" in capsys.readouterr().err and not (tmp_path / "c.safetensors").exists()
+    assert "--attention-weight" in capsys.readouterr().err and not (tmp_path / "c.safetensors").exists()

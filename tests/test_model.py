@@ -69,7 +69,8 @@ def test_hub_ids_with_dots_are_hub_ids_and_paths_are_not():
     from vkv.lm.load import resolve_model_path
 
     assert resolve_model_path("Qwen/Qwen2.5-Coder-7B-Instruct") == ("Qwen/Qwen2.5-Coder-7B-Instruct", False)
-    assert resolve_model_path("gpt2") == ("gpt2", False)
+    with pytest.raises(VkvError, match="unknown model 'smollm2-135'.*hub ids are owner/name"):
+        resolve_model_path("smollm2-135")  # a bare name neither an alias nor downloaded: a misspelled alias
     for bad in ("./missing-dir", "/no/such/model", "~/x", "a/b/c", "cache.safetensors/"):
         with pytest.raises(VkvError, match="unknown model"):
             resolve_model_path(bad)

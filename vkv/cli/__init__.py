@@ -34,7 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned
+        return exit_.code if isinstance(exit_.code, int) else 2
     if getattr(args, "model", "unset") is None and args.command not in MODEL_OPTIONAL:
         from vkv.lm.load import DEFAULT_MODEL
 

@@ -71,6 +71,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
         "cache": args.out,
         "store": args.store,
+        **_memory(args.out),
     }
     console.print(key_value_table("vkv compress", summary))
     write_json(
@@ -97,6 +98,17 @@ def _compress_multiturn(args, lm, transcript, turns, config) -> int:
     console.print(report_table(rows))
     write_json(args.json, {"config": config.to_dict(), "segments": spliced.table(), "report": rows})
     return 0
+
+
+def _memory(path: str) -> dict:
+    """What the written cache takes when it decodes: the whole cache's bytes, the compressed segments' and the ratio in
+    memory (from its header's counts, as `vkv inspect` gives them)."""
+    from vkv.kv.file import read_header
+    from vkv.kv.report import storage
+
+    stored = storage(path, read_header(path))
+    keys = ("memory_bytes", "compressed_memory_bytes", "ratio_memory")
+    return {k: stored[k] for k in keys if k in stored}
 
 
 def check_store(args: argparse.Namespace) -> None:

@@ -320,7 +320,8 @@ class FrozenLM:
         ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
-        for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>"):
+        # the end of a turn, or the start of the next one (a small model may skip the end marker)
+        for marker in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<end_of_turn>", "<|im_start|>"):
             tid = self.tokenizer.convert_tokens_to_ids(marker)
             if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
                 ids.add(tid)
