@@ -6,12 +6,14 @@ import logging
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from vkv.errors import VkvError
-from vkv.lm.frozen import FrozenLM
+
+if TYPE_CHECKING:
+    from vkv.lm.frozen import FrozenLM
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
 
@@ -94,7 +96,10 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> FrozenLM:
     """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
+    # here, not at the top: the command line reads this module's constants at startup, before it needs transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vkv.lm.frozen import FrozenLM
 
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise VkvError(f"attention implementation '{attn_implementation}' is not supported; use sdpa or eager")

@@ -11,9 +11,7 @@ call only, so memory at rest stays the compressed size. Plain PyTorch: the same 
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 
 from vkv.errors import VkvError
 from vkv.kv.ragged import RAGGED_TAG, RaggedLayer
@@ -33,10 +31,10 @@ def eager_attention(module, query, key, value, attention_mask, scaling=None, dro
     return (weights @ values).transpose(1, 2).contiguous(), weights
 
 
-# vkv's name → (the attention it runs on other caches, the mask transformers builds for it)
+# vkv's name → (the attention it runs on other caches, the implementation whose mask transformers builds for it)
 IMPLEMENTATIONS = {
-    "vkv_sdpa": (sdpa_attention_forward, sdpa_mask),
-    "vkv_eager": (eager_attention, eager_mask),
+    "vkv_sdpa": (sdpa_attention_forward, "sdpa"),
+    "vkv_eager": (eager_attention, "eager"),
 }
 BASE = {"sdpa": "vkv_sdpa", "eager": "vkv_eager"}  # what `use_ragged_attention` switches a model to
 
@@ -135,9 +133,14 @@ def attention_function(name: str):
 
 def register() -> None:
     """Register vkv's implementations with transformers (idempotent)."""
+    # imported here: transformers' registries take a second or two to import, which a model being loaded has paid
+    # already and the command line starting up should not
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
     for name, (_, mask) in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, attention_function(name))
-        AttentionMaskInterface.register(name, mask)
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask])
 
 
 def use_ragged_attention(model) -> None:

@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from vkv.errors import VkvError
 from vkv.evals.runner import span_work
+from vkv.io import write_json_atomic
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.load import load_model
 from vkv.lm.splice import splice
 from vkv.methods import get_method
 from vkv.settings import add_arguments, from_args, setting
@@ -162,9 +166,7 @@ def _line(r: dict) -> str:
     )
 
 
-def table(records: list[dict]):
-    from rich.table import Table
-
+def table(records: list[dict]) -> Table:
     t = Table(title="decoding on compressed caches: padded vs ragged (medians; ratios from the same run)")
     for column in (
         "window",
@@ -222,10 +224,6 @@ def add_bench_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench_cache(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from vkv.io import write_json_atomic
-    from vkv.lm.load import load_model
 
     console = Console(width=None if sys.stdout.isatty() else 200)
     args = from_args(CacheBenchConfig, args)
