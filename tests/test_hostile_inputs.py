@@ -143,3 +143,14 @@ def test_a_moved_transcript_is_named_with_the_way_out(tmp_path, capsys, test_mod
     assert (
         main(["ask", str(cache), "--question", "Which library?", "--transcript", str(tmp_path / "elsewhere.json")]) == 0
     )
+
+
+def test_eval_refuses_a_ratio_the_window_cannot_take_before_any_prefill(capsys, monkeypatch):
+    import vkv.evals.runner as runner
+
+    def never(*args, **kwargs):
+        raise AssertionError("the references were prefilled before the ratio was checked")
+
+    monkeypatch.setattr(runner.TranscriptEval, "__init__", never)
+    assert main(["eval", str(TRANSCRIPT), *MODEL, "--method", "knorm", "--ratio", "1e9"]) == 2
+    assert "field ratio" in capsys.readouterr().err

@@ -37,11 +37,13 @@ def eval_units(
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from vkv.cli.multiturn import method_options
+    from vkv.compress.pooling import span_budget
     from vkv.evals.runner import EvalSettings, TranscriptEval
     from vkv.evals.summary import aggregate
     from vkv.lm.rebuild import load_cache
     from vkv.methods import METHODS, get_method
     from vkv.progress import step_bar
+    from vkv.text.transcript import render
 
     methods = parse_list(args.method, str, "method")
     for name in methods:
@@ -63,6 +65,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     lm = load_from_args(args)
     results = []
     for transcript, turns in eval_units(lm, args.transcripts, args.span, args.window, args.max_windows, args.span_only):
+        start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
+        for ratio in ratios if any(METHODS[name].uses_ratio for name in methods) else []:
+            span_budget(end - start, ratio)  # before the references' prefill
         with console.status(f"{transcript.id}: full and none references"):
             evaluation = TranscriptEval(lm, transcript, turns, settings)
         if args.cache:

@@ -78,6 +78,7 @@ def compress_span(
     """Prefix verbatim, [start, end) virtual, everything after re-encoded on top: a SplicedCache of `ids`."""
     if not 0 <= start < end <= len(ids):
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
+    span_budget(end - start, config.ratio)  # a ratio the span cannot take is refused before the prefill
     acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
     full = KVPrefix.from_cache(cache)  # ids[:end]
     segment = virtual_segment(
