@@ -154,3 +154,30 @@ def test_eval_refuses_a_ratio_the_window_cannot_take_before_any_prefill(capsys, 
     monkeypatch.setattr(runner.TranscriptEval, "__init__", never)
     assert main(["eval", str(TRANSCRIPT), *MODEL, "--method", "knorm", "--ratio", "1e9"]) == 2
     assert "field ratio" in capsys.readouterr().err
+
+
+def test_a_prefill_that_would_not_fit_is_refused_before_it_starts(smol, monkeypatch):
+    from vkv.errors import VkvError
+    from vkv.kv.spliced import SplicedCache
+    from vkv.lm import frozen
+    from vkv.lm.context import Context
+
+    monkeypatch.setattr(frozen, "free_memory", lambda device: 50 * 2**20)  # a machine with 50 MiB free
+    with pytest.raises(VkvError, match=r"2000 tokens at once needs about .* GiB, more than the 0.0 GiB free"):
+        Context(smol, SplicedCache()).feed(list(range(100, 2100)))
+
+
+@pytest.mark.integration
+def test_a_prefill_stays_within_its_estimate(smol):
+    """What `check_prefill` refuses on is an upper bound of what a feed takes (peak RSS above what was held)."""
+    from vkv.kv.spliced import SplicedCache
+    from vkv.lm.context import Context
+    from vkv.lm.spec import prefill_bytes
+    from vkv.tools.bench import working_memory
+
+    Context(smol, SplicedCache()).feed(list(range(100, 400)))  # one-time allocations first
+    n = 2048
+    with working_memory(smol.device) as peak:
+        Context(smol, SplicedCache()).feed(list(range(100, 100 + n)))
+    estimate = prefill_bytes(smol.spec, smol.config.intermediate_size, n, n, 4, 4) / 2**20
+    assert peak["mb"] is not None and 0 < peak["mb"] <= estimate

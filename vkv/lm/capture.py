@@ -84,6 +84,7 @@ def capture_span(
         raise VkvError(f"span [{start}, {end}) is empty or outside the {ids_t.numel()} tokens given")
     input_ids = ids_t[:end].unsqueeze(0).to(lm.device)
     keep_logits = end - start + (1 if start > 0 else 0)
+    lm.check_prefill(end, keep_logits, f"a forward pass over {end} tokens")
     cache = lm.new_cache() if keep_cache else None
     with torch.no_grad(), projection_hooks(lm, start, end, queries) as store:
         out = lm.model(input_ids=input_ids, **lm.with_cache(cache), use_cache=keep_cache, logits_to_keep=keep_logits)

@@ -26,9 +26,23 @@ from vkv.lm.kernel import (
     with_entry_bias,
 )
 from vkv.lm.ragged_attention import use_ragged_attention
-from vkv.lm.spec import fingerprint, spec_from_config
+from vkv.lm.spec import fingerprint, prefill_bytes, spec_from_config
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on `device`: CUDA's free memory, or the memory Linux says is available; None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -87,6 +101,19 @@ class FrozenLM:
         if self.max_positions and end > self.max_positions:
             raise VkvError(
                 f"{what}: reaches position {end}, beyond the {self.max_positions} positions of {self.name}; {remedy}"
+            )
+
+    def check_prefill(self, tokens: int, logit_rows: int, what: str) -> None:
+        """Refuse, before it starts, a forward pass over `tokens` tokens (keeping `logit_rows` rows of logits) whose
+        memory (`vkv plan`'s arithmetic) exceeds what the device has free; where that is unknown, nothing is checked."""
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        intermediate = getattr(self.model.config, "intermediate_size", 4 * self.spec.hidden_size)
+        need = prefill_bytes(self.spec, intermediate, tokens, logit_rows, itemsize, itemsize)
+        free = free_memory(self.device)
+        if free is not None and need > free:
+            raise VkvError(
+                f"{what}: feeding {tokens} tokens at once needs about {need / 2**30:.1f} GiB, more than the "
+                f"{free / 2**30:.1f} GiB free on {self.device}; use a window of it (--window) or a smaller model"
             )
 
     def ragged_cache(self, spliced: SplicedCache, padded: bool = False) -> RaggedCache:

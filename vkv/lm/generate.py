@@ -29,6 +29,7 @@ def generate(lm: FrozenLM, spliced: SplicedCache, prompt: list[int] | torch.Tens
     prompt = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
     if prompt.shape[1] == 0:
         raise VkvError("generate needs at least one prompt token after the cache")
+    lm.check_prefill(prompt.shape[1], prompt.shape[1], f"a prompt of {prompt.shape[1]} tokens")
     cache = lm.ragged_cache(spliced)
     inputs = cache.generate_inputs(prompt)
     input_ids = inputs["input_ids"]

@@ -26,6 +26,17 @@ class ModelSpec:
         return asdict(self)
 
 
+def prefill_bytes(
+    spec: ModelSpec, intermediate: int, tokens: int, logit_rows: int, cache_itemsize: int, activation_itemsize: int
+) -> int:
+    """What feeding `tokens` tokens at once adds to memory (`vkv plan`'s arithmetic): their K/V, one layer's widest
+    activations (the MLP's gate, up and product) and `logit_rows` rows of logits with a float32 copy and log-softmax."""
+    kv = tokens * spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * cache_itemsize
+    widest = 3 * tokens * intermediate * activation_itemsize
+    logits = logit_rows * spec.vocab_size * (cache_itemsize + 4 + 4)
+    return kv + widest + logits
+
+
 def spec_from_config(config) -> ModelSpec:
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

@@ -15,6 +15,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from vkv.errors import VkvError
+from vkv.lm.spec import prefill_bytes, spec_from_config
 
 GIB = 2**30
 
@@ -252,8 +253,8 @@ def plan(
 
     kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * unquantised
     target_pass = (
-        3 * window * s.intermediate * activation  # the widest activations of one layer (gate, up, product)
-        + (span + 1) * s.vocab * (unquantised + 4 + 4)  # logits, their fp32 copy, log-softmax
+        prefill_bytes(spec_from_config(config), s.intermediate, window, span + 1, unquantised, activation)
+        - window * kv_per_token  # counted as window_kv
         + 2 * s.layers * s.kv_heads * span * s.head_dim * 4  # captured V and pre-RoPE K, fp32
     )
     per_layer = saved_elements_per_layer(s, n, width, quant)
