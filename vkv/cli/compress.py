@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from vkv.cli.common import add_model_args, console, key_value_table, load_from_args, number, write_json
+from vkv.cli.common import (
+    add_model_args,
+    console,
+    key_value_table,
+    load_from_args,
+    number,
+    tokenizer_for,
+    write_json,
+)
 from vkv.errors import VkvError
 from vkv.settings import add_arguments, from_args
 
@@ -37,9 +45,10 @@ def cmd_compress(args: argparse.Namespace) -> int:
     import torch
 
     from vkv.cli.multiturn import wants_multiturn
+    from vkv.compress.pooling import span_budget
     from vkv.compress.single import compress_transcript
     from vkv.progress import step_bar
-    from vkv.text.transcript import load_transcript, parse_turn_span
+    from vkv.text.transcript import load_transcript, parse_turn_span, render
 
     check_store(args)
     transcript = load_transcript(args.transcript)
@@ -47,10 +56,14 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if config.pooling == "attention":
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
-    lm = load_from_args(args)
+    tokenizer = tokenizer_for(args.model)  # the span's length, and so a ratio it cannot take, known before the model
     if args.window:
-        transcript = _pick_window(lm, transcript, args.window, args.window_index)
+        transcript = _pick_window(tokenizer, transcript, args.window, args.window_index)
     turns = parse_turn_span(args.span, transcript)
+    start, end = render(transcript, tokenizer).token_span(*turns)
+    if not getattr(args, "auto_ratio", False):
+        span_budget(end - start, config.ratio)
+    lm = load_from_args(args)
     if wants_multiturn(args):
         return _compress_multiturn(args, lm, transcript, turns, config)
     with step_bar(
@@ -137,12 +150,12 @@ def save_with_store(spliced, args: argparse.Namespace, lm, transcript) -> None:
     save_cache(spliced, args.out, store=args.store, ids=ids)
 
 
-def _pick_window(lm, transcript, max_tokens: int, index: int):
+def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
     """The index-th of a transcript's windows that carry questions, in transcript order."""
     from vkv.text.transcript import render
     from vkv.text.windows import select_windows
 
-    windows = select_windows(transcript, render(transcript, lm.tokenizer), max_tokens)
+    windows = select_windows(transcript, render(transcript, tokenizer), max_tokens)
     if not 0 <= index < len(windows):
         raise VkvError(f"--window-index {index}: {transcript.path} has {len(windows)} windows with questions")
     return windows[index]
