@@ -94,13 +94,38 @@ def flat_settings(config: type, prefix: str = "", path: tuple[str, ...] = ()) ->
 
 def out_of_range(s: Setting, value: Any) -> str | None:
     """Why `value` breaks setting `s`'s declared range, or None when it does not (None values are not numbers)."""
+    return range_problem(value, s.minimum, s.above)
+
+
+def range_problem(value: Any, minimum: float | None, above: bool = False) -> str | None:
+    """Why `value` (a number, or a list of them) is not finite and at least `minimum` (above it with `above`); None
+    when it is, or when there is no bound or no number."""
     if isinstance(value, (tuple, list)):  # a list of numbers: each one
-        return next((p for p in (out_of_range(s, v) for v in value) if p), None)
-    if s.minimum is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return next((p for p in (range_problem(v, minimum, above) for v in value) if p), None)
+    if minimum is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if not math.isfinite(value) or value < s.minimum or (s.above and value == s.minimum):
-        return f"must be a finite number {'above' if s.above else 'at least'} {s.minimum:g}, got {value!r}"
+    if not math.isfinite(value) or value < minimum or (above and value == minimum):
+        return f"must be a finite number {'above' if above else 'at least'} {minimum:g}, got {value!r}"
     return None
+
+
+def bounded(kind: type, minimum: float | None, above: bool = False) -> Callable[[str], Any]:
+    """An argparse type: `kind` parsed from the flag's text and held to the range, so the command line refuses it in
+    one line before anything is loaded."""
+    if minimum is None:
+        return kind
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
+        problem = range_problem(value, minimum, above)
+        if problem:
+            raise argparse.ArgumentTypeError(problem)
+        return value
+
+    return parse
 
 
 def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
@@ -211,20 +236,7 @@ def _scalar_type(s: Setting) -> Callable[[str], Any]:
     else:
         real = [a for a in typing.get_args(s.kind) if a is not type(None)]
         kind = real[0] if real else str
-    if s.minimum is None:
-        return kind
-
-    def parse(text: str) -> Any:  # refused by argparse, before anything is loaded
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        problem = out_of_range(s, value)
-        if problem:
-            raise argparse.ArgumentTypeError(problem)
-        return value
-
-    return parse
+    return bounded(kind, s.minimum, s.above)
 
 
 def _comma_list(s: Setting) -> Callable[[str], tuple]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from vkv.cli.common import add_model_args, console, load_from_args, number, recorded_transcript, write_json
+from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript, write_json
+from vkv.settings import bounded
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -37,5 +38,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--question", required=True)
     p.add_argument("--answer-prefix", default="", help="text the answer starts with")
     p.add_argument("--transcript", help="the transcript the cache was built from (default: recorded path)")
-    p.add_argument("--max-new-tokens", type=number(int, 1), default=32)
+    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=32)
     p.add_argument("--json")

@@ -12,8 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from vkv.cli.common import add_model_args, console, load_from_args, number, recorded_transcript
+from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
 from vkv.errors import VkvError
+from vkv.settings import bounded
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
     "/save FILE": "write the session to FILE (its directory must exist)",
@@ -125,12 +126,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_args(p)
     p.set_defaults(model=None)
     p.add_argument(
-        "--temperature", type=number(float, 0), default=0.0, help="0: greedy; above 0: sampling at this temperature"
+        "--temperature", type=bounded(float, 0), default=0.0, help="0: greedy; above 0: sampling at this temperature"
     )
-    p.add_argument("--max-new-tokens", type=number(int, 1), default=256)
+    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=256)
     p.add_argument(
         "--compress-every",
-        type=number(int, 0),
+        type=bounded(int, 0),
         default=0,
         help="compress the verbatim messages once this many have accumulated (0: never)",
     )

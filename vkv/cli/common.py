@@ -70,25 +70,6 @@ def key_value_table(title: str, rows: dict) -> Table:
     return table
 
 
-def number(kind: type, minimum: float, strict: bool = False):
-    """An argparse type: a finite `kind` (int or float) at least `minimum` (above it when `strict`), so a flag is
-    refused before any model is loaded."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected a{'n integer' if kind is int else ' number'}, got {text!r}"
-            ) from None
-        if value != value or value in (float("inf"), float("-inf")) or value < minimum or (strict and value == minimum):
-            bound = f"above {minimum:g}" if strict else f"at least {minimum:g}"
-            raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
-        return value
-
-    return parse
-
-
 def parse_list(text: str, cast, what: str) -> list:
     try:
         return [cast(x) for x in text.split(",") if x.strip()]

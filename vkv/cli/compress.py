@@ -9,12 +9,11 @@ from vkv.cli.common import (
     console,
     key_value_table,
     load_from_args,
-    number,
     tokenizer_for,
     write_json,
 )
 from vkv.errors import VkvError
-from vkv.settings import add_arguments, from_args
+from vkv.settings import add_arguments, bounded, from_args
 
 
 def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
@@ -26,7 +25,7 @@ def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) 
         p.add_argument("--ratio", default=str(ratio), help="comma-separated compression ratios (span tokens per entry)")
     else:
         p.add_argument(
-            "--ratio", type=number(float, 1, strict=True), default=ratio, help="span tokens per entry (above 1)"
+            "--ratio", type=bounded(float, 1, above=True), default=ratio, help="span tokens per entry (above 1)"
         )
     p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
     add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig)
@@ -169,10 +168,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("transcript")
     add_model_args(p)
     add_compress_args(p)
-    p.add_argument("--window", type=number(int, 1), help="compress one turn window of at most this many tokens")
+    p.add_argument("--window", type=bounded(int, 1), help="compress one turn window of at most this many tokens")
     p.add_argument(
         "--window-index",
-        type=number(int, 0),
+        type=bounded(int, 0),
         default=0,
         help="which of the windows that carry questions, in transcript order (0: the first)",
     )

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 
 from rich.table import Table
 
-from vkv.cli.common import add_model_args, console, load_from_args, number, parse_list, write_json
+from vkv.cli.common import add_model_args, console, load_from_args, parse_list, write_json
 from vkv.cli.compress import add_compress_args, compress_config_from_args
 from vkv.errors import VkvError
-from vkv.settings import add_arguments, from_args
+from vkv.settings import add_arguments, bounded, from_args, range_problem
 
 
 def eval_units(
@@ -57,9 +56,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             )
     options = method_option_values(args, [METHODS[name] for name in methods])
     ratios = parse_list(args.ratio, float, "ratio")
-    bad = [r for r in ratios if not (math.isfinite(r) and r > 1)]
-    if bad:
-        raise VkvError(f"--ratio: every ratio must be a finite number above 1, got {bad[0]}")
+    problem = range_problem(ratios, 1, above=True)
+    if problem:
+        raise VkvError(f"--ratio: every ratio {problem}")
     compress_config = compress_config_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
     lm = load_from_args(args)
@@ -187,9 +186,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", default="full,none,truncate,vkv", help="comma-separated methods")
     add_compress_args(p, several_ratios=True)
     p.add_argument(
-        "--window", type=number(int, 1), help="cut transcripts into turn windows of at most this many tokens"
+        "--window", type=bounded(int, 1), help="cut transcripts into turn windows of at most this many tokens"
     )
-    p.add_argument("--max-windows", type=number(int, 1), help="evaluate only the windows with the most questions")
+    p.add_argument("--max-windows", type=bounded(int, 1), help="evaluate only the windows with the most questions")
     p.add_argument(
         "--span-only",
         action="store_true",

@@ -18,6 +18,7 @@ from vkv import __version__
 from vkv.errors import VkvError
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
 from vkv.kv.prefix import KVPrefix
+from vkv.kv.ragged import kv_row_bytes
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
@@ -132,11 +133,13 @@ class TranscriptEval:
         """Bytes in memory: the decoding cache's (`cache_memory_bytes`, measured from its tensors), those it holds
         for the span's entries (`span_memory_bytes`: keys, values, biases and per-head offsets), the span's full K/V
         in the same dtype (`span_full_bytes`), and `ratio_memory`, the second over the third."""
-        layers, heads, dim = self.lm.cache_shape
-        item = torch.empty(0, dtype=self.lm.dtype).element_size()
-        full = (self.end - self.start) * layers * heads * 2 * dim * item
+        layers, heads, _ = self.lm.cache_shape
+        per_token = (
+            kv_row_bytes(self.lm.cache_shape, torch.empty(0, dtype=self.lm.dtype).element_size()) * layers * heads
+        )
+        full = (self.end - self.start) * per_token
         if span_tokens is not None:  # a text method's pruned span, prefilled verbatim: its tokens' K/V
-            span_bytes = span_tokens * layers * heads * 2 * dim * item
+            span_bytes = span_tokens * per_token
         return {
             "cache_memory_bytes": cache_bytes,
             "span_memory_bytes": span_bytes,

@@ -65,6 +65,21 @@ class FlatHeads:
             bias = torch.zeros(real.shape, device=self.keys.device).masked_fill_(~real, MASKED)
         return keys, values, bias[None]
 
+    def before(
+        self, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """These entries, padded to the longest head, in front of dense keys and values `[batch, kv_heads, L,
+        head_dim]` with their bias `[1 or batch, kv_heads, L]` (None: 0): one layer's entries as one tensor each, a
+        temporary for whoever attends to all of them at once."""
+        flat_keys, flat_values, flat_bias = self.padded()
+        batch = keys.shape[0]
+        dense_bias = torch.zeros(1, *keys.shape[1:3], device=flat_bias.device) if bias is None else bias.float()
+        return (
+            torch.cat([flat_keys.to(keys.dtype).expand(batch, -1, -1, -1), keys], dim=2),
+            torch.cat([flat_values.to(values.dtype).expand(batch, -1, -1, -1), values], dim=2),
+            torch.cat([flat_bias.expand(dense_bias.shape[0], -1, -1), dense_bias], dim=2),
+        )
+
     def to(self, device: torch.device | str, dtype: torch.dtype) -> FlatHeads:
         return FlatHeads(
             self.keys.to(device, dtype),

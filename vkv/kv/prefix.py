@@ -43,16 +43,7 @@ class KVPrefix:
         keys, values = self.keys[i], self.values[i]
         bias = None if self.bias is None else self.bias[i].float()
         flat = None if self.flat is None else self.flat[i]
-        if flat is None:
-            return keys, values, bias
-        flat_keys, flat_values, flat_bias = flat.padded()
-        batch = keys.shape[0]
-        dense_bias = torch.zeros(1, *keys.shape[1:3], device=flat_bias.device) if bias is None else bias
-        return (
-            torch.cat([flat_keys.to(keys.dtype).expand(batch, -1, -1, -1), keys], dim=2),
-            torch.cat([flat_values.to(values.dtype).expand(batch, -1, -1, -1), values], dim=2),
-            torch.cat([flat_bias.expand(dense_bias.shape[0], -1, -1), dense_bias], dim=2),
-        )
+        return (keys, values, bias) if flat is None else flat.before(keys, values, bias)
 
     def _dense_only(self, what: str) -> None:
         if self.flat is not None and any(f is not None for f in self.flat):

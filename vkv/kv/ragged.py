@@ -134,7 +134,7 @@ class RaggedLayer(CacheLayerMixin):
         self.new_values = self.new_values.index_select(0, beam_idx.to(self.new_values.device))
 
     def offload(self):
-        raise VkvError("a RaggedCache is not offloaded layer by layer; move it with `RaggedCache.to`")
+        raise VkvError("a RaggedCache is not offloaded layer by layer; build it on the device it decodes on")
 
     # ---- what vkv reads -------------------------------------------------------------------------------------
     @property
@@ -153,33 +153,17 @@ class RaggedLayer(CacheLayerMixin):
         tensors = (self.keys, self.values, self.bias, self.new_keys, self.new_values)
         return sum(t.nbytes for t in tensors if t is not None) + (0 if self.flat is None else self.flat.nbytes)
 
-    def dense(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Every dense entry, built and fed: keys and values `[batch, kv_heads, loaded + fed, head_dim]` and the built
-        ones' bias `[1 or batch, kv_heads, loaded]` (None: none) — a copy when tokens were fed."""
-        if not self.appended:
-            return self.keys, self.values, self.bias
-        batch = self.new_keys.shape[0]
-        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), self.new_keys], dim=2)
-        values = torch.cat([self.values.expand(batch, -1, -1, -1), self.new_values], dim=2)
-        return keys, values, self.bias
-
     def materialize(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Every entry in one padded layout: flat entries first (`slots` per head), then the built dense ones, then the
         tokens fed; keys and values `[batch, kv_heads, slots + loaded + fed, head_dim]` and bias `[1, kv_heads, same]`
         float32 (−inf on padding). For analyses that score all entries at once (a copy; decoding never builds it)."""
-        keys, values, bias = self.dense()
-        dense_bias = torch.zeros(1, *keys.shape[1:3], device=keys.device)
-        if bias is not None:
-            dense_bias[..., : self.loaded] = bias[:1]
-        if self.flat is None:
-            return keys, values, dense_bias
-        flat_keys, flat_values, flat_bias = self.flat.padded()
-        batch = keys.shape[0]
-        return (
-            torch.cat([flat_keys.expand(batch, -1, -1, -1), keys], dim=2),
-            torch.cat([flat_values.expand(batch, -1, -1, -1), values], dim=2),
-            torch.cat([flat_bias, dense_bias], dim=2),
-        )
+        batch = self.new_keys.shape[0]
+        keys = torch.cat([self.keys.expand(batch, -1, -1, -1), self.new_keys], dim=2)
+        values = torch.cat([self.values.expand(batch, -1, -1, -1), self.new_values], dim=2)
+        bias = torch.zeros(1, *keys.shape[1:3], device=keys.device)
+        if self.bias is not None:
+            bias[..., : self.loaded] = self.bias[:1]
+        return (keys, values, bias) if self.flat is None else self.flat.before(keys, values, bias)
 
     @property
     def slots(self) -> int:
@@ -233,19 +217,19 @@ class RaggedCache(Cache):
             for s, r in zip(segments, reach)
         ]
         plan = memory_plan(counts, shape, torch.empty(0, dtype=dtype).element_size(), padded)
-        is_flat = [part == "flat" for part, _, _ in plan]
+        is_flat = [part == "flat" for part, _, _ in plan.parts]
         dense = [s for s, f in zip(segments, is_flat) if not f]
         flat = [(s, r) for s, r, f in zip(segments, reach, is_flat) if f]
-        with_bias = any(part == "dense" and needs for (part, _, _), needs in zip(plan, _needs_bias(counts)))
-        flat_bias = any(s.carries_bias for s, _ in flat)
         ragged_layers = []
         for layer in range(layers):
             keys = _cat([s.keys[layer] for s in dense], (kv_heads, 0, head_dim))
             values = _cat([s.values[layer] for s in dense], (kv_heads, 0, head_dim))
             bias = None
-            if with_bias:
+            if plan.dense_bias:
                 bias = _cat([_bias_or_zeros(s)[layer] for s in dense], (kv_heads, 0))[None].to(device, torch.float32)
-            flat_heads = _flat_heads([(s, r[layer], layer) for s, r in flat], kv_heads, flat_bias) if flat else None
+            flat_heads = (
+                _flat_heads([(s, r[layer], layer) for s, r in flat], kv_heads, plan.flat_bias) if flat else None
+            )
             ragged_layers.append(
                 RaggedLayer(
                     keys[None].to(device, dtype),
@@ -255,7 +239,7 @@ class RaggedCache(Cache):
                     next_position,
                 )
             )
-        table = [SegmentMemory(tuple(s.span), s.kind, *p) for s, p in zip(segments, plan)]
+        table = [SegmentMemory(tuple(s.span), s.kind, *p) for s, p in zip(segments, plan.parts)]
         return cls(ragged_layers, table)
 
     def prefix(self) -> KVPrefix:
@@ -338,47 +322,42 @@ class RaggedCache(Cache):
             "attention_mask": torch.cat([torch.ones_like(covered), mask.to(device)], dim=1),
         }
 
-    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> RaggedCache:
-        """The same cache on another device (and dtype), the tokens fed since it was built included."""
-        moved = []
-        for layer in self.layers:
-            d = dtype or layer.keys.dtype
-            new = RaggedLayer(
-                layer.keys.to(device, d),
-                layer.values.to(device, d),
-                None if layer.bias is None else layer.bias.to(device),
-                None if layer.flat is None else layer.flat.to(device, d),
-                layer.position,
-            )
-            new.new_keys, new.new_values = layer.new_keys.to(device, d), layer.new_values.to(device, d)
-            moved.append(new)
-        return RaggedCache(moved, self.segments)
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """Where `RaggedCache.from_segments` keeps each segment and what it costs (`memory_plan`)."""
+
+    parts: list[tuple[str, int, int]]  # per segment: "dense" or "flat", K/V rows held, bytes
+    dense_bias: bool  # whether the dense part holds a float32 bias per entry
+    flat_bias: bool  # whether the flat part does
 
 
 def memory_plan(
     segments: Sequence[tuple[int, int | None, bool]], shape: tuple[int, int, int], itemsize: int, padded: bool = False
-) -> list[tuple[str, int, int]]:
-    """Where `RaggedCache.from_segments` keeps each segment and what it costs, from counts alone (what a cache file's
-    header records): per segment (slots summed over layers and KV heads, the slots heads reach or None when all,
-    whether a reached entry carries a nonzero bias) → (part, rows held, bytes). A segment some of whose slots no head
-    reaches is flat: its reached rows, each with a float32 bias when any flat segment carries one. Every other one is
-    dense: all its rows, each with a float32 bias when any dense segment carries one or, in the padded layout, has
-    unreached slots (−inf). Per-head offsets (`offsets_nbytes`) are not included."""
+) -> MemoryLayout:
+    """The layout from counts alone (what a cache file's header records): per segment (slots summed over layers and KV
+    heads, the slots heads reach or None when all, whether a reached entry carries a nonzero bias). A segment some of
+    whose slots no head reaches is flat: its reached rows, each with a float32 bias when any flat segment carries one.
+    Every other one is dense: all its rows, each with a float32 bias when any dense segment carries one or, in the
+    padded layout, has unreached slots (−inf). Per-head offsets (`offsets_nbytes`) are not included."""
     flat = [not padded and reached is not None and reached < slots for slots, reached, _ in segments]
-    needs = _needs_bias(segments)
-    dense_bias = any(n for n, f in zip(needs, flat) if not f)
+    dense_bias = any(
+        biased or (reached is not None and reached < slots)
+        for (slots, reached, biased), f in zip(segments, flat)
+        if not f
+    )
     flat_bias = any(biased for (_, _, biased), f in zip(segments, flat) if f)
-    kv_row = 2 * shape[2] * itemsize
-    out = []
+    kv_row = kv_row_bytes(shape, itemsize)
+    parts = []
     for (slots, reached, _), f in zip(segments, flat):
         rows = reached if f else slots
-        out.append(("flat" if f else "dense", rows, rows * (kv_row + (4 if (flat_bias if f else dense_bias) else 0))))
-    return out
+        parts.append(("flat" if f else "dense", rows, rows * (kv_row + (4 if (flat_bias if f else dense_bias) else 0))))
+    return MemoryLayout(parts, dense_bias, flat_bias)
 
 
-def _needs_bias(segments: Sequence[tuple[int, int | None, bool]]) -> list[bool]:
-    """Whether a segment kept dense needs a bias: a nonzero one, or −inf on slots no head reaches."""
-    return [biased or (reached is not None and reached < slots) for slots, reached, biased in segments]
+def kv_row_bytes(shape: tuple[int, int, int], itemsize: int) -> int:
+    """One entry's key and value in one layer and KV head (`shape`: layers, kv_heads, head_dim)."""
+    return 2 * shape[2] * itemsize
 
 
 def offsets_nbytes(shape: tuple[int, int, int]) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vkv.kv.ragged import memory_plan, offsets_nbytes
+from vkv.kv.ragged import kv_row_bytes, memory_plan, offsets_nbytes
 from vkv.kv.spliced import SplicedCache
 
 
@@ -44,7 +44,7 @@ def with_memory(
     if None in shape or not rows:
         return rows
     layers, heads, _ = shape
-    plan = memory_plan(
+    parts = memory_plan(
         [
             (
                 layers * heads * c["entries"],
@@ -55,11 +55,11 @@ def with_memory(
         ],
         shape,
         torch.empty(0, dtype=dtype).element_size(),
-    )
-    full_row = 2 * shape[2] * torch.empty(0, dtype=dtype).element_size() * layers * heads
+    ).parts
+    full_row = kv_row_bytes(shape, torch.empty(0, dtype=dtype).element_size()) * layers * heads
     return [
         {**r, "memory_part": part, "memory_bytes": nbytes, "full_bytes": r["tokens"] * full_row, "shape": list(shape)}
-        for r, (part, _, nbytes) in zip(rows, plan)
+        for r, (part, _, nbytes) in zip(rows, parts)
     ]
 
 

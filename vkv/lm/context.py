@@ -41,7 +41,8 @@ class Context:
             return torch.empty(0, self.lm.spec.vocab_size)
         n = len(ids)
         self.lm.check_positions(self.position + n, f"{n} tokens fed after position {self.position}")
-        self.lm.check_prefill(n, n, f"{n} tokens fed after position {self.position}")
+        if n > 1:  # a decoding step adds one token; its memory is not worth a query of the device's every time
+            self.lm.check_prefill(n, n, f"{n} tokens fed after position {self.position}")
         positions = torch.arange(self.position, self.position + n, dtype=torch.float32, device=self.lm.device)
         with torch.no_grad():
             out = self.lm.model(

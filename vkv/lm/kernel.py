@@ -100,13 +100,15 @@ class RecordingCache(RaggedCache):
     def __init__(self, prefix: KVPrefix, last_layer: int, position: int):
         layers = []
         if not prefix.is_empty:
-            for i, (k, v) in enumerate(zip(prefix.keys, prefix.values)):
-                bias = None
-                if prefix.bias is not None or prefix.valid is not None:
-                    bias = prefix.layer_bias()[i]
-                    if prefix.valid is not None:
-                        bias = bias.masked_fill(~prefix.valid.to(bias.device)[:, None, :], float("-inf"))
-                layers.append(RaggedLayer(k, v, bias, None if prefix.flat is None else prefix.flat[i], position))
+            biases = [None] * len(prefix.keys)
+            if prefix.bias is not None or prefix.valid is not None:
+                biases = prefix.layer_bias()
+                if prefix.valid is not None:
+                    blocked = ~prefix.valid.to(biases[0].device)[:, None, :]
+                    biases = [b.masked_fill(blocked, float("-inf")) for b in biases]
+            flat = prefix.flat or [None] * len(prefix.keys)
+            for k, v, bias, f in zip(prefix.keys, prefix.values, biases, flat):
+                layers.append(RaggedLayer(k, v, bias, f, position))
         super().__init__(layers)
         self.last_layer = last_layer
         self.keys: list[torch.Tensor] = []
