@@ -29,7 +29,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
         boundaries="surprisal",
         mass_floor=floor,
         positions="centres",
-        head_share="all",  # one slot per block: the layout under test
+        head_budget="shared",  # one slot per block: the layout under test
         optim=OptimConfig(steps=2),
     )
     segment = compress_span(smol, ids, start, end, config).segments[1]
@@ -46,7 +46,7 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
 
 def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F811
     config = CompressConfig(
-        boundaries="surprisal", mass_floor=0.0, positions="centres", head_share="all", optim=OptimConfig(steps=2)
+        boundaries="surprisal", mass_floor=0.0, positions="centres", head_budget="shared", optim=OptimConfig(steps=2)
     )
     segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2

@@ -186,7 +186,10 @@ def test_refusals_are_one_clear_sentence(smol, smol_tokenizer, caches, tmp_path,
         save_cache(spliced, tmp_path / "x.safetensors", store="embeddings")  # no ids for the verbatim segments
     assert not (tmp_path / "x.safetensors").exists()
 
-    for flags, message in ((["--store", "values"], "--store 'values'"), (["--hybrid"], "cannot hold --hybrid")):
+    for flags, message in (
+        (["--store", "values"], "--store 'values'"),
+        (["--keep-verbatim"], "cannot hold --keep-verbatim"),
+    ):
         out = tmp_path / "never.safetensors"
         assert main(["compress", str(TRANSCRIPT), *CLI, "--store", "embeddings", *flags, "--out", str(out)]) == 2
         err = capsys.readouterr().err

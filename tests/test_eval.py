@@ -293,7 +293,7 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
     from vkv.lm.attention import attention_to_span
-    from vkv.methods.turns import TurnWork
+    from vkv.methods.work import TurnWork
 
     work = evaluation.work
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]

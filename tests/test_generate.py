@@ -25,7 +25,9 @@ def caches(tiny_llama):
     out = {}
     for biased in (True, False):
         shares = "adaptive" if biased else "all"  # unbiased: no mass and no head-wise masks either
-        config = CompressConfig(ratio=4.0, proportional_attention=biased, head_share=shares, optim=OptimConfig(steps=2))
+        config = CompressConfig(
+            ratio=4.0, proportional_attention=biased, head_budget=shares, optim=OptimConfig(steps=2)
+        )
         out[biased] = compress_span(tiny_llama, ids, start, end, config)
     return out, rendered.ids[cut : cut + 12]
 

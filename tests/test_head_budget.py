@@ -20,8 +20,7 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
 from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
-from vkv.methods.base import SpanWork
-from vkv.methods.turns import TurnWork
+from vkv.methods.work import SpanWork, TurnWork
 from vkv.text.transcript import load_transcript
 
 
@@ -163,7 +162,7 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
 ):
     """Twice the budget's virtual tokens, each KV head attending to its share: the ratio counts what heads reach."""
     work = evaluation.work
-    recipe = CompressConfig(head_share=rule, oversample=2.0, optim=OptimConfig(steps=1))
+    recipe = CompressConfig(head_budget=rule, oversample=2.0, optim=OptimConfig(steps=1))
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     budget = work.budget(3.0)
     assert segment.kind == "virtual" and segment.entries == min(work.span_length, 2 * budget)
@@ -203,7 +202,7 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
     work = evaluation.work
     segments = {
         fit: get_method(
-            "vkv", recipe=CompressConfig(head_share="adaptive", fit_bias=fit, optim=OptimConfig(steps=1))
+            "vkv", recipe=CompressConfig(head_budget="adaptive", fit_bias=fit, optim=OptimConfig(steps=1))
         ).compress(work, 3.0)
         for fit in (False, True)
     }
@@ -211,7 +210,7 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
     assert torch.equal(segments[False].keys, segments[True].keys)  # the same embeddings: fitting comes after
     assert torch.equal(fitted.isneginf(), masked.isneginf()) and not torch.allclose(fitted, masked)
     acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
-    config = CompressConfig(head_share="adaptive", fit_bias=True)
+    config = CompressConfig(head_budget="adaptive", fit_bias=True)
     readout = SpanProblem.build(work.lm, work.ids, acts, segments[True].entries, config).readout
 
     def error(bias):
@@ -224,8 +223,8 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"head_share": "uniform", "oversample": 1.0}, "field oversample: must be a finite number above 1"),
-        ({"head_share": "greedy"}, "field head_share: unknown value"),
+        ({"head_budget": "uniform", "oversample": 1.0}, "field oversample: must be a finite number above 1"),
+        ({"head_budget": "greedy"}, "field head_budget: unknown value"),
     ],
 )
 def test_head_wise_virtual_budgets_refuse_settings_that_do_nothing(options, message):

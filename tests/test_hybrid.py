@@ -17,7 +17,7 @@ from vkv.lm.capture import Activations
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
 
-FAST = CompressConfig(head_share="all", optim=OptimConfig(steps=2))  # one slot per head: its layout is tested here
+FAST = CompressConfig(head_budget="shared", optim=OptimConfig(steps=2))  # one slot per head: its layout is tested here
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
 
 def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_budget(evaluation):
     work = evaluation.work
-    recipe = CompressConfig(head_share="adaptive", oversample=2.0, optim=OptimConfig(steps=2))
+    recipe = CompressConfig(head_budget="adaptive", oversample=2.0, optim=OptimConfig(steps=2))
     segment = get_method("hybrid", recipe=recipe, verbatim=HybridConfig(0.15, "surprisal")).compress(work, 3.2)
     kept = verbatim_entries(segment)
     assert segment.real_entries == pytest.approx(work.budget(3.2))  # what heads reach meets the ratio
@@ -72,7 +72,7 @@ def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_bu
 
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
-    config = CompressConfig(proportional_attention=False, head_share="all", optim=OptimConfig(steps=2))
+    config = CompressConfig(proportional_attention=False, head_budget="shared", optim=OptimConfig(steps=2))
     segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
         evaluation.work, 3.2
     )

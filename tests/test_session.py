@@ -141,7 +141,7 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
     reach still add up to the span's budget, and each turn's V loss is measured against its own (larger) targets.
     Online targets stay online: the shares are chosen with the queries the running cache gives (once, the problem
     fetched them from the full history, and online runs matched oracle ones loss for loss)."""
-    recipe = CompressConfig(head_share="adaptive", optim=OptimConfig(steps=2))
+    recipe = CompressConfig(head_budget="adaptive", optim=OptimConfig(steps=2))
     losses = {}
     for mode in ("oracle", "online"):
         result = evaluation.evaluate(get_method("sequential", recipe=recipe, targets=mode), 3.0)

@@ -1,23 +1,27 @@
-"""Settings are declared once: every CompressConfig field is a flag of `vkv compress` and `vkv eval` and a sweep key."""
+"""Settings are declared once: every field of vkv's recipe (CompressConfig inside MultiTurnConfig) is a flag of `vkv
+compress` and `vkv eval` and a sweep key, with the field's default."""
 
 import dataclasses
 import json
 
 import pytest
 
-from vkv.cli import build_parser, compress_config_from_args
+from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.config import CompressConfig
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.settings import check_value, flat_settings, from_dict, from_flat
 from vkv.sweep.grid import build_method, expand, load_experiment
 
-SETTINGS = flat_settings(CompressConfig)
+SETTINGS = flat_settings(MultiTurnConfig)
+TURN_BY_TURN = {s.key for s in SETTINGS} - {s.key for s in flat_settings(CompressConfig)}  # sequential's, not vkv's
 
 
 def test_nested_settings_get_flat_keys():
     keys = {s.key: s.path for s in SETTINGS}
-    assert keys["steps"] == ("optim", "steps") and keys["distill_steps"] == ("distill", "steps")
+    assert keys["steps"] == ("compress", "optim", "steps") and keys["distill_steps"] == ("compress", "distill", "steps")
     assert "ratio" not in keys  # each command takes its ratio its own way
+    assert keys["verbatim_fraction"] == ("verbatim", "fraction") and keys["max_loss"] == ("tolerance", "max_loss")
     assert len(keys) == len(SETTINGS)  # no two settings share a key
 
 
@@ -30,6 +34,10 @@ def _changed(setting):
         return not setting.default
     if setting.key == "distill_probes":
         return ("summary",)
+    if setting.key in ("verbatim_fraction", "verbatim_max_share"):  # fractions below 1
+        return setting.default / 2
+    if setting.key == "ladder":  # ratios of at least 1
+        return (2.0, 4.0)
     if isinstance(setting.default, tuple) or "tuple" in str(setting.kind):
         return (0.5, 0.25)
     if setting.default is None:
@@ -48,10 +56,12 @@ def test_every_setting_is_a_flag_that_reaches_the_config(command, setting):
     flag = [setting.flag] if isinstance(value, bool) else [setting.flag, _text(value)]
     if isinstance(value, bool) and not value:
         flag = ["--no-" + setting.flag[2:]]
+    if setting.path[0] == "tolerance" or setting.key == "auto_ratio":  # each is refused without the other
+        flag += ["--auto-ratio", "--max-loss", "0.3"] if setting.key != "max_loss" else ["--auto-ratio"]
     args = build_parser().parse_args(
         [command, "t.json", *flag] + (["--out", "c.safetensors"] if command == "compress" else [])
     )
-    config = compress_config_from_args(args)
+    config = recipe_from_args(args)
     node = config
     for part in setting.path:
         node = getattr(node, part)
@@ -65,14 +75,17 @@ def test_every_setting_is_a_sweep_key(tmp_path, setting):
         setting = dataclasses.replace(setting, key="seeds")
         value = [value]
     toml = json.dumps([list(value)] if isinstance(value, tuple) else value)  # a tuple value is one list in a list
+    method = "sequential" if setting.key in TURN_BY_TURN else "vkv"
+    extra = {"max_loss": "auto_ratio = true\n", "ladder": "auto_ratio = true\nmax_loss = 0.3\n"}.get(setting.key, "")
+    extra += "max_loss = 0.3\n" if setting.key == "auto_ratio" else ""
     (tmp_path / "t.json").write_text("{}")
     (tmp_path / "e.toml").write_text(
-        f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["vkv"]\nratios = [2]\n'
-        f"{setting.key} = {toml}\n"
+        f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["{method}"]\nratios = [2]\n'
+        f"{setting.key} = {toml}\n{extra}"
     )
     (point,) = expand(load_experiment(tmp_path / "e.toml"))
     node = build_method(point).recipe
-    for part in setting.path:
+    for part in setting.path if method == "sequential" else setting.path[1:]:  # vkv's recipe is the compress part
         node = getattr(node, part)
     assert node == (value[0] if setting.key == "seeds" else value)
 
@@ -99,13 +112,23 @@ def test_check_value_names_the_field():
 
 
 def _configs():
-    from vkv.compress.config import CompressConfig
+    from vkv.compress.autoratio import AutoRatioConfig
     from vkv.compress.distill import DistillConfig
+    from vkv.compress.hybrid import HybridConfig
     from vkv.compress.optimise import OptimConfig
     from vkv.evals.runner import EvalSettings
     from vkv.tools.bench_cache import CacheBenchConfig
 
-    return [CompressConfig, OptimConfig, DistillConfig, EvalSettings, CacheBenchConfig]
+    return [
+        CompressConfig,
+        OptimConfig,
+        DistillConfig,
+        MultiTurnConfig,
+        HybridConfig,
+        AutoRatioConfig,
+        EvalSettings,
+        CacheBenchConfig,
+    ]
 
 
 @pytest.mark.parametrize("config", _configs(), ids=lambda c: c.__name__)
@@ -122,7 +145,6 @@ def test_every_number_setting_declares_its_range(config):
 
 def test_a_range_is_refused_alike_by_flags_sweeps_and_the_python_api(tmp_path, capsys):
     from vkv.cli import main
-    from vkv.compress.config import CompressConfig
     from vkv.compress.optimise import OptimConfig
     from vkv.errors import VkvError
     from vkv.settings import from_dict

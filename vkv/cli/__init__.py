@@ -13,7 +13,7 @@ from rich.markup import escape
 from vkv.cli import ask, chat, compress, inspect, models, prune, render, sweep, tools, validate
 from vkv.cli import eval as eval_command
 from vkv.cli.common import errors
-from vkv.cli.compress import compress_config_from_args
+from vkv.cli.compress import recipe_from_args
 from vkv.errors import VkvError
 from vkv.io import check_writable
 
@@ -78,7 +78,7 @@ def one_sentence(exc: BaseException) -> str | None:
     return None
 
 
-__all__ = ["build_parser", "compress_config_from_args", "main"]
+__all__ = ["build_parser", "recipe_from_args", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

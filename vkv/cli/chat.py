@@ -9,10 +9,13 @@ From a pipe (`echo question | vkv chat ...`) every line is a question and only t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
+from vkv.cli.compress import add_recipe_args, recipe_from_args
+from vkv.compress.budget import DEFAULT_RATIO
 from vkv.errors import VkvError
 from vkv.settings import bounded
 
@@ -25,8 +28,7 @@ COMMANDS = {  # what a line starting with / does (it is never sent to the model)
 
 def open_session(source: str, lm, recipe):
     """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
-    a transcript's messages verbatim and compressing with `recipe`."""
-    from vkv.compress.sequential import MultiTurnConfig
+    a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig)."""
     from vkv.compress.session import Session, message_dict
     from vkv.kv.file import read_header
     from vkv.lm.rebuild import load_cache
@@ -34,7 +36,7 @@ def open_session(source: str, lm, recipe):
 
     path = Path(source)
     if path.suffix == ".json":
-        session = Session(lm, MultiTurnConfig(compress=recipe, targets="online"))
+        session = Session(lm, recipe)
         session.extend([message_dict(m) for m in load_transcript(path).messages])
         return session
     header = read_header(path)
@@ -46,15 +48,14 @@ def open_session(source: str, lm, recipe):
 def cmd_chat(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
-    from vkv.cli.compress import compress_config_from_args
-
     if args.model is None:  # a cache file names its model; a transcript gets the default one
         from vkv.kv.file import read_header
         from vkv.lm.load import DEFAULT_MODEL
 
         args.model = read_header(args.source).get("model") if Path(args.source).suffix != ".json" else DEFAULT_MODEL
     lm = load_from_args(args)
-    session = open_session(args.source, lm, compress_config_from_args(args))
+    # a chat keeps no uncompressed history, so its turns' targets come from the running cache
+    session = open_session(args.source, lm, dataclasses.replace(recipe_from_args(args), target_source="online"))
     if args.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
@@ -86,7 +87,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
             print(answer, flush=True)
         uncompressed += 2
         if args.compress_every and uncompressed >= args.compress_every:
-            session.compress()
+            session.compress(ratio=args.ratio)
             uncompressed = 0
     return 0
 
@@ -135,6 +136,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="compress the verbatim messages once this many have accumulated (0: never)",
     )
-    from vkv.cli.compress import add_compress_args
-
-    add_compress_args(p)  # the recipe of a new session's --compress-every (a saved session keeps its own)
+    p.add_argument(
+        "--ratio", type=bounded(float, 1, above=True), default=DEFAULT_RATIO, help="--compress-every's ratio"
+    )
+    add_recipe_args(p, skip=("target_source",))  # a new session's recipe (a saved session keeps its own)

@@ -12,46 +12,40 @@ from vkv.cli.common import (
     tokenizer_for,
     write_json,
 )
+from vkv.compress.budget import DEFAULT_RATIO, span_budget
+from vkv.compress.config import CompressConfig
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.settings import add_arguments, bounded, from_args
+from vkv.settings import add_arguments, bounded, flat_settings, from_flat
 
 
-def add_compress_args(p: argparse.ArgumentParser, several_ratios: bool = False) -> None:
-    """The span and ratio flags, then one flag per CompressConfig setting (vkv.settings)."""
-    from vkv.compress.config import CompressConfig
-
-    ratio = CompressConfig().ratio
-    if several_ratios:
-        p.add_argument("--ratio", default=str(ratio), help="comma-separated compression ratios (span tokens per entry)")
-    else:
-        p.add_argument(
-            "--ratio", type=bounded(float, 1, above=True), default=ratio, help="span tokens per entry (above 1)"
-        )
-    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
-    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig)
+def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per setting of vkv's recipe (CompressConfig) and of its multi-turn use (MultiTurnConfig), from their
+    fields (vkv.settings), less `skip`."""
+    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig, skip)
+    recipe = {s.key for s in flat_settings(CompressConfig)}
+    add_arguments(p.add_argument_group("multi-turn"), MultiTurnConfig, (*recipe, *skip))
 
 
-def compress_config_from_args(args: argparse.Namespace):
-    from vkv.compress.config import CompressConfig
-
-    config = from_args(CompressConfig, args)
-    if isinstance(args.ratio, float):  # eval sets the ratio per run
-        config.ratio = args.ratio
-    return config.validate()
+def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
+    """The recipe the flags give (a flag left at None keeps the field's default)."""
+    given = {
+        s.key: getattr(args, s.key) for s in flat_settings(MultiTurnConfig) if getattr(args, s.key, None) is not None
+    }
+    return from_flat(MultiTurnConfig, given).validate()
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
     import torch
 
-    from vkv.cli.multiturn import wants_multiturn
-    from vkv.compress.pooling import span_budget
     from vkv.compress.single import compress_transcript
     from vkv.progress import step_bar
     from vkv.text.transcript import load_transcript, parse_turn_span, render
 
-    check_store(args)
+    plan = recipe_from_args(args)
+    config = plan.compress
+    check_store(args.store, plan)
     transcript = load_transcript(args.transcript)
-    config = compress_config_from_args(args)
     if config.pooling == "attention":
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
@@ -60,15 +54,15 @@ def cmd_compress(args: argparse.Namespace) -> int:
         transcript = _pick_window(tokenizer, transcript, args.window, args.window_index)
     turns = parse_turn_span(args.span, transcript)
     start, end = render(transcript, tokenizer).token_span(*turns)
-    if not getattr(args, "auto_ratio", False):
-        span_budget(end - start, config.ratio)
+    if not plan.auto_ratio:
+        span_budget(end - start, args.ratio)
     lm = load_from_args(args)
-    if wants_multiturn(args):
-        return _compress_multiturn(args, lm, transcript, turns, config)
+    if args.sequential or plan.keep_verbatim or plan.auto_ratio:
+        return _compress_multiturn(args, lm, transcript, turns, plan)
     with step_bar(
         f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
     ) as on_step:
-        spliced = compress_transcript(lm, transcript, turns, config, on_step=on_step)
+        spliced = compress_transcript(lm, transcript, turns, args.ratio, config, on_step=on_step)
     save_with_store(spliced, args, lm, transcript)
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     summary = {
@@ -90,6 +84,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         args.json,
         {
             **summary,
+            "ratio": args.ratio,
             "config": config.to_dict(),
             "segments": spliced.table(),
             "per_layer_loss": virtual.stats["per_layer_loss"],
@@ -98,17 +93,17 @@ def cmd_compress(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compress_multiturn(args, lm, transcript, turns, config) -> int:
-    from vkv.cli.multiturn import compress_multiturn
+def _compress_multiturn(args, lm, transcript, turns, plan) -> int:
+    from vkv.compress.sequential import compress_transcript_turns
     from vkv.kv.file import read_header
     from vkv.kv.report import report_rows, report_table
 
     with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
-        spliced = compress_multiturn(lm, transcript, turns, config, args)
+        spliced = compress_transcript_turns(lm, transcript, turns, args.ratio, plan, args.sequential)
     save_with_store(spliced, args, lm, transcript)
     rows = report_rows(read_header(args.out))
     console.print(report_table(rows))
-    write_json(args.json, {"config": config.to_dict(), "segments": spliced.table(), "report": rows})
+    write_json(args.json, {"ratio": args.ratio, "config": plan.to_dict(), "segments": spliced.table(), "report": rows})
     return 0
 
 
@@ -123,17 +118,19 @@ def _memory(path: str) -> dict:
     return {k: stored[k] for k in keys if k in stored}
 
 
-def check_store(args: argparse.Namespace) -> None:
+def check_store(store: str, plan: MultiTurnConfig) -> None:
     """Refuse a --store value, or a multi-turn plan whose segments it cannot hold, before any work is done."""
     from vkv.kv.file import STORES
 
-    if args.store not in STORES:
-        raise VkvError(f"--store {args.store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
-    if args.store == "kv":
+    if store not in STORES:
+        raise VkvError(f"--store {store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
+    if store == "kv":
         return
-    if args.hybrid is not None:
-        raise VkvError("--store embeddings cannot hold --hybrid segments, whose kept tokens' K/V saw the whole turn")
-    if args.auto_ratio and args.targets == "oracle":
+    if plan.keep_verbatim:
+        raise VkvError(
+            "--store embeddings cannot hold --keep-verbatim (hybrid) segments, whose kept tokens' K/V saw the whole turn"
+        )
+    if plan.auto_ratio and plan.target_source == "oracle":
         raise VkvError(
             "--store embeddings with --auto-ratio needs --target-source online: a turn kept verbatim under oracle "
             "targets has K/V from the uncompressed history, which a rebuild cannot reproduce"
@@ -161,13 +158,16 @@ def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vkv.cli.multiturn import add_multiturn_args
-
     p = sub.add_parser("compress", help="compress a transcript span into virtual tokens; save a cache file")
     p.set_defaults(run=cmd_compress, outputs=("out", "json"))
     p.add_argument("transcript")
     add_model_args(p)
-    add_compress_args(p)
+    p.add_argument(
+        "--ratio", type=bounded(float, 1, above=True), default=DEFAULT_RATIO, help="span tokens per entry (above 1)"
+    )
+    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
+    p.add_argument("--sequential", action="store_true", help="compress each message of the span on its own, in order")
+    add_recipe_args(p)
     p.add_argument("--window", type=bounded(int, 1), help="compress one turn window of at most this many tokens")
     p.add_argument(
         "--window-index",
@@ -184,5 +184,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         "only, many times smaller, K/V rebuilt by forward passes when the file is loaded with the model",
     )
     p.add_argument("--json", help="also write the summary, config and per-layer loss here")
-
-    add_multiturn_args(p)

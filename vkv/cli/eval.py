@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
+from dataclasses import dataclass
 
 from rich.table import Table
 
 from vkv.cli.common import add_model_args, console, load_from_args, parse_list, write_json
-from vkv.cli.compress import add_compress_args, compress_config_from_args
+from vkv.cli.compress import add_recipe_args, recipe_from_args
+from vkv.compress.budget import DEFAULT_RATIO, span_budget
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.settings import add_arguments, bounded, from_args, range_problem
+from vkv.evals.runner import EvalSettings
+from vkv.methods import METHODS
+from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, range_problem
 
 
 def eval_units(
@@ -35,12 +41,9 @@ def eval_units(
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from vkv.cli.multiturn import method_options
-    from vkv.compress.pooling import span_budget
-    from vkv.evals.runner import EvalSettings, TranscriptEval
+    from vkv.evals.runner import TranscriptEval
     from vkv.evals.summary import aggregate
     from vkv.lm.rebuild import load_cache
-    from vkv.methods import METHODS, get_method
     from vkv.progress import step_bar
     from vkv.text.transcript import render
 
@@ -48,18 +51,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name in methods:
         if name not in METHODS:
             raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
-        if args.per_turn and METHODS[name].uses_ratio and "per_turn" not in METHODS[name].option_names():
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
-            raise VkvError(
-                f"--per-turn: method '{name}' has no per-turn mode (methods with one: {per_turn}; vkv's "
-                "is the method sequential)"
-            )
-    options = method_option_values(args, [METHODS[name] for name in methods])
+    options = given_options(args, [METHODS[name] for name in methods])
     ratios = parse_list(args.ratio, float, "ratio")
     problem = range_problem(ratios, 1, above=True)
     if problem:
         raise VkvError(f"--ratio: every ratio {problem}")
-    compress_config = compress_config_from_args(args)
+    recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
     lm = load_from_args(args)
     results = []
@@ -72,19 +69,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if args.cache:
             results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
         for name in methods:
-            method = get_method(
-                name,
-                recipe=compress_config,
-                query_aware=args.query_aware,
-                checkpoint=args.checkpoint,
-                **method_options(args),
-                **({"per_turn": True} if args.per_turn else {}),
-                **options,
-            )
+            method = build_method(METHODS[name], recipe, args, options)
             for ratio in ratios if method.uses_ratio else [None]:
                 label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
                 if method.reports_steps:
-                    with step_bar(label, compress_config.optim.steps, console) as on_step:
+                    with step_bar(label, recipe.compress.optim.steps, console) as on_step:
                         results.append(evaluation.evaluate(method, ratio, on_step))
                 else:
                     with console.status(label):
@@ -94,35 +83,89 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def method_option_values(args: argparse.Namespace, classes: list) -> dict:
-    """--head-budget, --mass and every --option KEY=VALUE, typed like the methods' dataclass fields; each is given
-    to the methods that have that option (a key that none of them has is an error)."""
-    import dataclasses
+# ---- method options as flags ----------------------------------------------------------------------------------
 
-    pairs = [("head_budget", args.head_budget), ("mass", args.mass)]
-    for text in args.option or []:
-        key, sep, value = text.partition("=")
-        if not sep:
-            raise VkvError(f"--option {text!r}: expected KEY=VALUE, e.g. --option selection=omp")
-        pairs.append((key.strip().replace("-", "_"), value.strip()))
-    values = {}
-    for key, value in pairs:
-        if value is None:
+TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
+
+
+@dataclass(frozen=True)
+class MethodOption:
+    """A method option as a flag: `setting.key` is the flag's key, `field` the dataclass field it sets in `owners`."""
+
+    setting: Setting
+    field: str
+    owners: tuple[str, ...]
+
+
+def method_options() -> dict[str, MethodOption]:
+    """Every option of a registered method declared with `setting`, by flag key: the field's name, or
+    `<method>_<name>` where `vkv eval` has a flag of that name itself. An option several methods share (head_budget,
+    per_turn, mass, …) is one flag; its default is each method's own."""
+    out: dict[str, MethodOption] = {}
+    for cls in METHODS.values():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init or "help" not in f.metadata:
+                continue
+            key = f"{cls.name}_{f.name}" if f.name in TAKEN else f.name
+            if key in out:
+                out[key] = dataclasses.replace(out[key], owners=(*out[key].owners, cls.name))
+                continue
+            bounds = (f.metadata.get("choices"), f.metadata.get("minimum"), f.metadata.get("above", False))
+            setting = Setting(key, (f.name,), f.default, hints[f.name], f.metadata["help"], *bounds)
+            out[key] = MethodOption(setting, f.name, (cls.name,))
+    return out
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """One flag per method option, default None: unset, each method keeps its own default."""
+    group = p.add_argument_group("method options (each given to the methods that have it; unset: their own default)")
+    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
+    for option in method_options().values():
+        s = option.setting
+        owners = [*option.owners, *(["vkv's recipe"] if s.key in recipe else [])]
+        help_text = f"{s.help} ({', '.join(owners)})"
+        if isinstance(s.default, bool):
+            group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            kind = type(s.default) if s.default is not None else str
+            group.add_argument(s.flag, type=bounded(kind, s.minimum, s.above), choices=s.allowed(), help=help_text)
+
+
+def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOption]:
+    """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
+    names = [c.name for c in classes]
+    recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
+    given = {}
+    for key, option in method_options().items():
+        if getattr(args, key, None) is None:
             continue
-        owners = [f for cls in classes for f in dataclasses.fields(cls) if f.name == key and f.init]
-        if not owners:
-            raise VkvError(f"--option {key}: none of the methods {', '.join(c.name for c in classes)} has it")
-        default = owners[0].default
-        try:
-            if isinstance(default, bool):
-                if value.lower() not in ("true", "false"):
-                    raise ValueError(value)
-                values[key] = value.lower() == "true"
-            else:
-                values[key] = type(default)(value) if default is not None else value
-        except ValueError:
-            raise VkvError(f"--option {key}={value}: expected a {type(default).__name__}") from None
-    return values
+        if not set(option.owners) & set(names) and key not in recipe_keys:
+            raise VkvError(
+                f"{option.setting.flag}: none of the methods {', '.join(names)} has it ({', '.join(option.owners)} do)"
+            )
+        given[key] = option
+    if "per_turn" in given:  # a per-turn comparison must not silently mix in whole-span runs
+        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
+        if lacking:
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
+            raise VkvError(
+                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
+                "is the method sequential)"
+            )
+    return given
+
+
+def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: dict[str, MethodOption]):
+    """`cls` with the part of the recipe it takes and the options given that it has."""
+    options = {o.field: getattr(args, key) for key, o in given.items() if cls.name in o.owners}
+    if cls.recipe_class is MultiTurnConfig:
+        options["recipe"] = recipe
+    elif cls.recipe_class is not None:
+        options["recipe"] = recipe.compress
+    if "verbatim" in cls.option_names():
+        options["verbatim"] = recipe.verbatim
+    return cls(**options)
 
 
 def _print_eval(results: list[dict], rows: list[dict]) -> None:
@@ -176,15 +219,16 @@ def _print_eval(results: list[dict], rows: list[dict]) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vkv.cli.multiturn import add_multiturn_args
-    from vkv.evals.runner import EvalSettings
-
     p = sub.add_parser("eval", help="score methods on transcripts with the factual-recall questions")
     p.set_defaults(run=cmd_eval, outputs=("json",))
     p.add_argument("transcripts", nargs="+")
     add_model_args(p)
     p.add_argument("--method", default="full,none,truncate,vkv", help="comma-separated methods")
-    add_compress_args(p, several_ratios=True)
+    p.add_argument(
+        "--ratio", default=str(DEFAULT_RATIO), help="comma-separated compression ratios (span tokens per entry)"
+    )
+    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
+    add_recipe_args(p, skip=("head_budget",))  # one --head-budget flag, with the methods' options below
     p.add_argument(
         "--window", type=bounded(int, 1), help="cut transcripts into turn windows of at most this many tokens"
     )
@@ -195,36 +239,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="evaluate the --span turns as their own window: system message + those turns, later turns "
         "dropped, questions first answered there",
     )
-    add_multiturn_args(p)
-    p.add_argument("--checkpoint", help="lamr: checkpoint directory (default: $VKV_HOME/lamr-demo/semantic-dependency)")
-    p.add_argument(
-        "--query-aware",
-        action="store_true",
-        help="text methods prune once per question with the question as the query (an upper bound; "
-        "reported as question-aware)",
-    )
-    p.add_argument(
-        "--per-turn",
-        action="store_true",
-        help="eviction, text, am and kvzip methods compress each message when it ends, on top of the running "
-        "compressed cache (the setting of method sequential)",
-    )
-    p.add_argument(
-        "--head-budget",
-        choices=("shared", "uniform", "adaptive"),
-        help="scoring methods (knorm, snapkv, kvzip, am): the same tokens in every KV head, each head its own "
-        "budget, or AdaKV's adaptive split",
-    )
-    p.add_argument(
-        "--mass", choices=("none", "nearest"), help="eviction methods: bias each kept entry by the tokens it stands for"
-    )
-    p.add_argument(
-        "--option",
-        action="append",
-        metavar="KEY=VALUE",
-        help="any method option (a field of its dataclass, as in sweep files), for every method that has it; "
-        "repeatable, e.g. --option selection=omp --option bias=fit",
-    )
+    add_method_args(p)
     p.add_argument("--cache", help="also evaluate this compressed cache file")
     add_arguments(p.add_argument_group("scoring"), EvalSettings)
     p.add_argument("--json", help="write the eval JSON (a list of results) here")

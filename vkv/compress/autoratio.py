@@ -12,28 +12,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from vkv.compress.pooling import num_virtual_tokens
+from vkv.compress.budget import entries_at
 from vkv.compress.targets import Targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
-from vkv.settings import from_dict
+from vkv.settings import from_dict, setting
 
 DEFAULT_LADDER = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 @dataclass
 class AutoRatioConfig:
-    max_loss: float
-    ladder: tuple[float, ...] = field(default=DEFAULT_LADDER)
+    """The tolerance and the ratios tried per turn."""
+
+    max_loss: float | None = setting(
+        None, "the tolerance: normalised V loss (layer mean) a turn may reach, e.g. 0.3", minimum=0, above=True
+    )
+    ladder: tuple[float, ...] = setting(DEFAULT_LADDER, "the ratios tried, each ≥ 1", minimum=1)
 
     def validate(self) -> AutoRatioConfig:
-        if not (math.isfinite(self.max_loss) and self.max_loss > 0):
-            raise VkvError(f"--max-loss must be a positive number, got {self.max_loss}")
+        if self.max_loss is None:
+            raise VkvError("field max_loss: auto-ratio needs a tolerance (normalised V loss, e.g. 0.3)")
+        if isinstance(self.max_loss, bool) or not (
+            isinstance(self.max_loss, (int, float)) and math.isfinite(self.max_loss) and self.max_loss > 0
+        ):
+            raise VkvError(f"field max_loss: must be a positive number, got {self.max_loss!r}")
         if not self.ladder or any(not r >= 1.0 for r in self.ladder):
             raise VkvError(f"the ratio ladder must be a non-empty list of ratios ≥ 1, got {list(self.ladder)}")
         self.ladder = tuple(sorted(set(float(r) for r in self.ladder)))
@@ -44,9 +52,7 @@ class AutoRatioConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AutoRatioConfig:
-        if "max_loss" not in d:
-            raise VkvError("auto-ratio needs max_loss, its tolerance")
-        return from_dict(cls, {**d, "max_loss": float(d["max_loss"])}).validate()
+        return from_dict(cls, d).validate()
 
 
 def v_loss(values: torch.Tensor, targets: Targets) -> list[float]:
@@ -90,7 +96,7 @@ def choose_ratio(
     while low <= high:
         middle = (low + high) // 2
         ratio = ladder[middle]
-        entries = num_virtual_tokens(span_tokens, ratio)
+        entries = entries_at(span_tokens, ratio)
         if entries not in built:
             built[entries] = build(entries)
         loss = segment_loss(built[entries])

@@ -12,12 +12,28 @@ are padding, masked out of attention by a bias of −inf (`real` says which slot
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from vkv.kv.segment import MASKED, SeparableBias
+from vkv.settings import setting
 
 HEAD_BUDGETS = ("shared", "uniform", "adaptive")
 ADAKV_SAFEGUARD = 0.2  # AdaKV's α: every head keeps at least this share of the uniform budget
+
+
+def head_budget_setting(default: str = "adaptive") -> Any:
+    """The `head_budget` field, declared once for every method that keeps a budget (virtual tokens' recipe and each
+    scorer): the same name, choices and help everywhere. The default is AdaKV's split, chosen on the dev split
+    (evals/RESULTS.md, "Head-wise budgets (dev, 3.2×)"); a method whose scores are not comparable across heads
+    declares its own."""
+    return setting(
+        default,
+        "how each layer's entries are split over its KV heads: shared (the same entries in every head), uniform (each "
+        "head its own best, the same count), adaptive (AdaKV: heads whose attention is spread get more)",
+        HEAD_BUDGETS,
+    )
 
 
 def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:

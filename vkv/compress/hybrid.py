@@ -39,7 +39,7 @@ from vkv.kv.segment import Segment
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import virtual_kv
-from vkv.settings import from_dict
+from vkv.settings import check_ranges, from_dict, setting
 
 KEEP_BY = ("v-uniqueness", "surprisal")
 
@@ -50,20 +50,22 @@ class ShortTurnWarning(UserWarning):
 
 @dataclass
 class HybridConfig:
-    fraction: float = 0.15  # share of the span's tokens to keep verbatim
-    keep_by: str = "v-uniqueness"
-    max_share: float = 0.5  # verbatim entries may take at most this share of the entry budget
-    neighbours: int = 2  # v-uniqueness compares a token with this many neighbours on each side
+    """Which of a span's tokens stay verbatim beside its virtual tokens, and how many."""
+
+    fraction: float = setting(0.15, "share of the span's tokens kept verbatim, in [0, 1)", minimum=0)
+    keep_by: str = setting("v-uniqueness", "which tokens stay verbatim", KEEP_BY)
+    max_share: float = setting(
+        0.5, "verbatim entries take at most this share of a turn's entry budget, in [0, 1)", minimum=0
+    )
+    neighbours: int = setting(2, "v-uniqueness compares a token with this many neighbours on each side", minimum=1)
 
     def validate(self) -> HybridConfig:
         if self.keep_by not in KEEP_BY:
-            raise VkvError(f"unknown --keep-by '{self.keep_by}'; choose one of {', '.join(KEEP_BY)}")
-        if not 0.0 <= self.fraction < 1.0:
-            raise VkvError(f"--hybrid must be a fraction in [0, 1), got {self.fraction}")
-        if not 0.0 <= self.max_share < 1.0:
-            raise VkvError(f"the verbatim share of the budget must be in [0, 1), got {self.max_share}")
-        if self.neighbours < 1:
-            raise VkvError(f"v-uniqueness needs at least one neighbour on each side, got {self.neighbours}")
+            raise VkvError(f"field keep_by: unknown value '{self.keep_by}'; choose one of {', '.join(KEEP_BY)}")
+        for name in ("fraction", "max_share"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise VkvError(f"field {name}: must be a fraction in [0, 1), got {getattr(self, name)}")
+        check_ranges(self)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -181,7 +183,7 @@ class _VirtualPart:
 
 def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
-    or `oversample` times as many with a head-wise head_share (each head then reaches `budget`)."""
+    or `oversample` times as many with a head-wise budget (each head then reaches `budget`)."""
     k = compress.virtual_tokens(budget, len(rest))
     problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
     targets, positions = problem.targets, problem.positions

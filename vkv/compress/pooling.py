@@ -7,7 +7,6 @@ pooled vector sits closer to the informative ones.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,26 +36,6 @@ class Blocks:
     def centres(self, token_positions: torch.Tensor) -> torch.Tensor:
         """Mean of `token_positions` `[span]` (the blocked tokens' original positions) per block → `[count]`."""
         return torch.stack([token_positions[lo:hi].float().mean() for lo, hi in self.ranges()])
-
-
-def span_budget(span_length: int, ratio: float) -> int:
-    """Entries a span of `span_length` tokens gets at a ratio someone asked for: refused, not clamped, when the ratio
-    is not finite or leaves the span less than one entry."""
-    if not (math.isfinite(ratio) and ratio <= span_length):
-        raise VkvError(
-            f"field ratio: {ratio} leaves less than one entry for the span's {span_length} tokens; "
-            f"choose a finite ratio of at most {span_length}"
-        )
-    return num_virtual_tokens(span_length, ratio)
-
-
-def num_virtual_tokens(span_length: int, ratio: float) -> int:
-    """Entries for a span at a ratio, at least one (auto-ratio's ladder reaches past short turns' lengths)."""
-    if span_length <= 0:
-        raise VkvError("the span to compress is empty")
-    if not ratio >= 1.0:
-        raise VkvError(f"compression ratio must be at least 1, got {ratio}")
-    return max(1, min(span_length, round(span_length / ratio)))
 
 
 def partition(span_length: int, k: int, cut_candidates: list[int] | None = None) -> Blocks:

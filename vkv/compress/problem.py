@@ -26,7 +26,7 @@ from vkv.lm.frozen import FrozenLM
 
 def needs_readout(config: CompressConfig) -> bool:
     """Whether the virtual tokens' biases read what the span's own queries attend to (fitted biases, head-wise shares)."""
-    return config.fit_bias or config.head_share != "all"
+    return config.fit_bias or config.head_budget != "shared"
 
 
 def needs_queries(config: CompressConfig) -> bool:
@@ -34,7 +34,7 @@ def needs_queries(config: CompressConfig) -> bool:
     return target_kind(config.target).needs_queries or needs_readout(config)
 
 
-BIAS_QUERIES = 512  # reference queries per head for fit_bias and head_share: am's count (512 beat 128 for am on dev)
+BIAS_QUERIES = 512  # reference queries per head for fit_bias and head-wise budgets: the count am uses
 
 
 @dataclass
@@ -45,7 +45,9 @@ class SpanProblem:
     weights: torch.Tensor  # [pooled tokens] pooling weights, summing to 1 within each block
     targets: Targets
     positions: torch.Tensor  # [k] float32 logical positions
-    readout: AttentionTargets | None = None  # the span's own queries and the mass they give it (fit_bias, head_share)
+    readout: AttentionTargets | None = (
+        None  # the span's own queries and the mass they give it (fit_bias, head-wise budgets)
+    )
 
     @property
     def k(self) -> int:
@@ -104,7 +106,7 @@ class SpanProblem:
         self, config: CompressConfig, keys: torch.Tensor, budget: int
     ) -> tuple[torch.Tensor | None, SeparableBias | None]:
         """The virtual tokens' entry biases `[layers, kv_heads, k]` for their post-RoPE `keys`
-        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention; with head_share uniform or
+        `[layers, kv_heads, k, head_dim]`: log(block size) with proportional attention; with head_budget uniform or
         adaptive, each KV head's tokens beyond its share of `budget` masked (−inf); with fit_bias, fitted for the
         tokens each head keeps. Second: the same bias as per-token and per-head numbers when it is their sum (a
         head-wise mask without fit_bias), which files store in a fraction of the bytes."""
@@ -117,11 +119,11 @@ class SpanProblem:
         queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
         keys = keys.float().cpu().reshape(rows, k, dim)
         separable = None
-        if config.head_share != "all":  # am's order: choose each head's entries, then (with fit_bias) fit their β
+        if config.head_budget != "shared":  # am's order: choose each head's entries, then (with fit_bias) fit their β
             # each token's score in a head: the mean attention the span's own queries give it among the k
             scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
             per_entry = bias[0, 0]  # shared by every layer and head until the mask
-            separable = mask_per_head(scores.reshape(layers, kv_heads, k), per_entry, budget, config.head_share)
+            separable = mask_per_head(scores.reshape(layers, kv_heads, k), per_entry, budget, config.head_budget)
             bias = separable.dense()
         if config.fit_bias:
             bias = fit_bias(queries, log_mass, keys, bias.reshape(rows, k)).reshape(layers, kv_heads, k)

@@ -18,75 +18,94 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
-from vkv.compress.config import CompressConfig
+from vkv.compress.budget import allocate, span_budget
+from vkv.compress.config import CompressConfig, upgraded
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
-from vkv.compress.pooling import span_budget
 from vkv.compress.problem import SpanProblem, needs_queries
-from vkv.compress.single import virtual_segment
+from vkv.compress.single import render_within_positions, virtual_segment
 from vkv.compress.targets import Targets, target_kind
 from vkv.errors import VkvError
+from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations, capture_span, projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.settings import from_dict, nested, setting
 
 TARGET_MODES = ("oracle", "online")
 
 
 @dataclass
 class MultiTurnConfig:
-    """How each turn is compressed: the core settings plus target mode, hybrid verbatim share, auto-ratio."""
+    """How a span is compressed turn by turn, or as one unit with verbatim tokens or a per-turn ratio: vkv's recipe,
+    where the targets come from, the verbatim share and the loss tolerance."""
 
-    compress: CompressConfig = field(default_factory=CompressConfig)
-    targets: str = "oracle"
-    hybrid: HybridConfig | None = None
-    auto_ratio: AutoRatioConfig | None = None
+    compress: CompressConfig = nested(CompressConfig)
+    target_source: str = setting(
+        "oracle", "oracle: V from the full uncompressed history; online: V on top of the compressed cache", TARGET_MODES
+    )
+    keep_verbatim: bool = setting(
+        False, "hybrid compression: keep a share of each turn's tokens verbatim (--verbatim-*), compress the rest"
+    )
+    verbatim: HybridConfig = nested(HybridConfig, prefix="verbatim_")
+    auto_ratio: bool = setting(
+        False, "per turn, the highest ratio of --ladder whose V loss stays within --max-loss (instead of --ratio)"
+    )
+    tolerance: AutoRatioConfig = nested(AutoRatioConfig)
 
     def validate(self) -> MultiTurnConfig:
-        if self.targets not in TARGET_MODES:
+        if self.target_source not in TARGET_MODES:
             raise VkvError(
-                f"unknown target source (--target-source) '{self.targets}'; choose one of {', '.join(TARGET_MODES)}"
+                f"field target_source: unknown value '{self.target_source}'; choose one of {', '.join(TARGET_MODES)}"
             )
+        if self.tolerance.max_loss is not None and not self.auto_ratio:
+            raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
+        self.compress.validate()
+        self.verbatim.validate()
+        if self.auto_ratio:
+            self.tolerance.validate()
+        return self
+
+    def check_turn_by_turn(self) -> MultiTurnConfig:
+        """Refuse a recipe that turn-by-turn compression cannot run (the single-span path takes it)."""
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
         if target_kind(self.compress.target).needs_queries:  # online targets would need the turn's queries
             raise VkvError(
                 f"target {self.compress.target} is not implemented for sequential compression; use v or kv-pre-rope"
             )
-        self.compress.optim.validate()
-        if self.hybrid is not None:
-            self.hybrid.validate()
-        if self.auto_ratio is not None:
-            self.auto_ratio.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "compress": self.compress.to_dict(),
-            "targets": self.targets,
-            "hybrid": None if self.hybrid is None else self.hybrid.to_dict(),
-            "auto_ratio": None if self.auto_ratio is None else self.auto_ratio.to_dict(),
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> MultiTurnConfig:
-        unknown = set(d) - {"compress", "targets", "hybrid", "auto_ratio"}
-        if unknown:
-            raise VkvError(f"unknown multi-turn setting(s): {', '.join(sorted(unknown))}")
-        return cls(
-            compress=CompressConfig.from_dict(d.get("compress", {})),
-            targets=d.get("targets", "oracle"),
-            hybrid=None if d.get("hybrid") is None else HybridConfig.from_dict(d["hybrid"]),
-            auto_ratio=None if d.get("auto_ratio") is None else AutoRatioConfig.from_dict(d["auto_ratio"]),
-        ).validate()
+        return from_dict(cls, upgraded_multiturn(d)).validate()
+
+
+def upgraded_multiturn(d: dict[str, Any]) -> dict[str, Any]:
+    """A multi-turn config as sessions saved by earlier versions record it, in today's spelling: `targets` is
+    `target_source`, a hybrid or auto-ratio config (or None) is a switch beside its settings."""
+    d = dict(d or {})
+    if "targets" in d:
+        d.setdefault("target_source", d.pop("targets"))
+    for old, switch, settings in (("hybrid", "keep_verbatim", "verbatim"), ("auto_ratio", "auto_ratio", "tolerance")):
+        if old in d and not isinstance(d[old], bool):
+            value = d.pop(old)
+            d[switch] = value is not None
+            if value is not None:
+                d.setdefault(settings, value)
+    d["compress"] = upgraded(d.get("compress", {}))
+    return d
 
 
 @dataclass(frozen=True)
@@ -210,28 +229,6 @@ def target_drift(online: TurnView, oracle: TurnView) -> float:
     return float(per_layer.mean())
 
 
-# ---- budgets ---------------------------------------------------------------------------------------
-
-
-def allocate(lengths: list[int], ratio: float) -> list[int]:
-    """Entries per turn: the span's total budget (the rounding every method uses) shared in proportion to the
-    turns' lengths by largest remainder, at least one entry and at most the turn's length each."""
-    total = span_budget(sum(lengths), ratio)
-    if total < len(lengths):
-        raise VkvError(
-            f"ratio {ratio} leaves {total} entries for {len(lengths)} turns, and each turn needs one; "
-            "lower the ratio or compress fewer, longer turns"
-        )
-    quotas = [length * total / sum(lengths) for length in lengths]
-    counts = [max(1, min(length, int(q))) for length, q in zip(lengths, quotas)]
-    while sum(counts) != total:
-        grow = sum(counts) < total
-        movable = [i for i, (c, n) in enumerate(zip(counts, lengths)) if (c < n if grow else c > 1)]
-        by_remainder = sorted(movable, key=lambda i: quotas[i] - counts[i], reverse=grow)
-        counts[by_remainder[0]] += 1 if grow else -1
-    return counts
-
-
 # ---- the loop --------------------------------------------------------------------------------------
 
 
@@ -244,43 +241,69 @@ def compress_turns(
     ids: list[int],
     turns: list[Turn],
     cache: SplicedCache,
-    config: MultiTurnConfig,
-    history: FullHistory | None = None,
-    message_starts: list[int] | None = None,
+    budgets: list[int],
+    compress_turn: Callable[[SplicedCache, Turn, TurnView, int], Segment],
+    queries: bool = False,
     on_turn: Callable[[Turn, Segment], None] | None = None,
 ) -> list[Segment]:
-    """Compress `turns` in order, appending each segment to `cache` (which must end where the first starts).
-
-    `history` (the uncompressed conversation over the turns) is required for oracle targets and gives the
-    target drift in either mode. Budgets: the ratio's total shared over the turns, or per turn by auto-ratio.
-    """
-    config.validate()
-    if config.targets == "oracle" and history is None:
-        raise VkvError("oracle targets need the full uncompressed history; use online targets without it")
-    budgets = (
-        [0] * len(turns)
-        if config.auto_ratio is not None
-        else allocate([t.length for t in turns], config.compress.ratio)
-    )
-    if config.targets == "oracle" and needs_queries(config.compress):  # online targets read only the history's V
-        history = history.with_queries(lm, ids)
+    """The running-cache loop every turn-by-turn compression runs (vkv's and each per-turn method's): turn after turn,
+    its real tokens are fed on top of `cache` (which must end where the first turn starts; with `queries`, their
+    pre-RoPE queries kept too), `compress_turn(cache, turn, view, budget)` gives its segment, and the segment joins
+    `cache` before the next turn is fed."""
     segments = []
     for turn, budget in zip(turns, budgets):
-        online = view_on_cache(lm, cache, ids, turn, queries=needs_queries(config.compress))
-        oracle = history.view(turn) if history is not None else None
-        view = oracle if config.targets == "oracle" else online
-        segment = _turn_segment(lm, ids, turn, view, lm.prefix(cache), budget, config, message_starts)
-        segment.stats.update(
-            turn_stats(turn),
-            targets=config.targets,
-            loss=segment_loss(segment),
-            drift=None if oracle is None else target_drift(online, oracle),
-        )
+        view = view_on_cache(lm, cache, ids, turn, queries)
+        segment = compress_turn(cache, turn, view, budget)
+        segment.stats = {**segment.stats, **turn_stats(turn)}
         cache.append(segment)
         segments.append(segment)
         if on_turn is not None:
             on_turn(turn, segment)
     return segments
+
+
+def compress_virtual_turns(
+    lm: FrozenLM,
+    ids: list[int],
+    turns: list[Turn],
+    cache: SplicedCache,
+    config: MultiTurnConfig,
+    budget: int | None,
+    history: FullHistory | None = None,
+    message_starts: list[int] | None = None,
+    on_turn: Callable[[Turn, Segment], None] | None = None,
+) -> list[Segment]:
+    """vkv's turn-by-turn compression: `budget` entries (`span_budget` of the turns' tokens) shared over `turns` in
+    proportion to their lengths, or each turn's own by auto-ratio (then `budget` is None), appended to `cache`.
+
+    `history` (the uncompressed conversation over the turns) is required for oracle targets and gives the target
+    drift in either mode."""
+    config.validate().check_turn_by_turn()
+    oracle_targets = config.target_source == "oracle"
+    if oracle_targets and history is None:
+        raise VkvError("oracle targets need the full uncompressed history; use online targets without it")
+    if config.auto_ratio:
+        budgets = [0] * len(turns)
+    elif budget is None:
+        raise VkvError("turn-by-turn compression needs a ratio unless auto_ratio chooses one per turn")
+    else:
+        budgets = allocate([t.length for t in turns], budget)
+    queries = needs_queries(config.compress)
+    if oracle_targets and queries:  # online targets read only the history's V
+        history = history.with_queries(lm, ids)
+
+    def compress_turn(running: SplicedCache, turn: Turn, online: TurnView, entries: int) -> Segment:
+        oracle = history.view(turn) if history is not None else None
+        view = oracle if oracle_targets else online
+        segment = _turn_segment(lm, ids, turn, view, lm.prefix(running), entries, config, message_starts)
+        segment.stats.update(
+            targets=config.target_source,
+            loss=segment_loss(segment),
+            drift=None if oracle is None else target_drift(online, oracle),
+        )
+        return segment
+
+    return compress_turns(lm, ids, turns, cache, budgets, compress_turn, queries, on_turn)
 
 
 def turn_targets(
@@ -299,15 +322,50 @@ def _turn_segment(
     lm, ids, turn: Turn, view: TurnView, prefix: KVPrefix, budget: int, config: MultiTurnConfig, message_starts
 ) -> Segment:
     def build(entries: int) -> Segment:
-        if config.hybrid is not None:
+        if config.keep_verbatim:
             return hybrid_segment(
-                lm, ids, view.acts, view.kv, prefix, entries, config.compress, config.hybrid, message_starts
+                lm, ids, view.acts, view.kv, prefix, entries, config.compress, config.verbatim, message_starts
             )
-        exact = replace(config.compress, ratio=turn.length / entries)  # rounds back to exactly `entries`
-        segment = virtual_segment(lm, ids, view.acts, prefix, exact, message_starts)
-        k = exact.virtual_tokens(entries, turn.length)  # with head-wise shares, more tokens than heads reach
-        return record_loss(segment, segment.values, turn_targets(lm, ids, view.acts, k, exact, message_starts))
+        segment = virtual_segment(lm, ids, view.acts, prefix, config.compress, entries, message_starts)
+        k = config.compress.virtual_tokens(entries, turn.length)  # with head-wise budgets, more than heads reach
+        return record_loss(
+            segment, segment.values, turn_targets(lm, ids, view.acts, k, config.compress, message_starts)
+        )
 
-    if config.auto_ratio is not None:
-        return choose_ratio(turn.length, build, view.verbatim, config.auto_ratio)
+    if config.auto_ratio:
+        return choose_ratio(turn.length, build, view.verbatim, config.tolerance)
     return build(budget)
+
+
+def compress_transcript_turns(
+    lm: FrozenLM,
+    transcript,
+    turns: tuple[int, int],
+    ratio: float,
+    plan: MultiTurnConfig,
+    sequential: bool,
+    on_turn: Callable[[Turn, Segment], None] | None = None,
+) -> SplicedCache:
+    """Messages [turns[0], turns[1]) compressed at `ratio` (one segment per message with `sequential`, else one
+    unit); messages before kept with their full-context K/V, messages after re-encoded on top; one segment each."""
+    plan.validate()
+    rendered = render_within_positions(lm, transcript)
+    start, end = rendered.token_span(*turns)
+    starts, roles = [s.start for s in rendered.spans], [s.role for s in rendered.spans]
+    messages = message_turns(starts, roles, 0, len(rendered.ids))
+    span = messages[turns[0] : turns[1]] if sequential else [Turn(turns[0], turns[1], None, start, end)]
+    budget = None if plan.auto_ratio else span_budget(end - start, ratio)
+    history = FullHistory.capture(lm, rendered.ids, start, end)
+    spliced = SplicedCache()
+    for turn in messages[: turns[0]]:
+        spliced.append(history.verbatim(turn))
+    compress_virtual_turns(lm, rendered.ids, span, spliced, plan, budget, history, starts, on_turn)
+    append_verbatim(lm, spliced, rendered.ids, messages[turns[1] :])
+    spliced.meta = cache_metadata(
+        lm,
+        transcript=transcript_record(transcript, turns, len(rendered.ids)),
+        config=plan.compress.to_dict(),
+        ratio=None if plan.auto_ratio else ratio,
+        multiturn={**plan.to_dict(), "sequential": sequential},
+    )
+    return spliced

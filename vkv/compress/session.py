@@ -1,6 +1,6 @@
 """Session: a running compressed conversation for agent harnesses.
 
-    session = Session(lm, MultiTurnConfig(targets="online"))
+    session = Session(lm, MultiTurnConfig(target_source="online"))
     session.append({"role": "user", "content": "..."})        # kept verbatim
     session.compress(turns=(1, 11), ratio=2.0)                # messages 1..10, one segment each
     session.ask("Which library hashes passwords?")            # answered from the running cache
@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from vkv.compress.autoratio import segment_loss
-from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_turns
+from vkv.compress.budget import DEFAULT_RATIO, span_budget
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_virtual_turns
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, read_header, save_cache
 from vkv.kv.report import cache_rows, report_totals
@@ -39,7 +38,7 @@ from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Tran
 class Session:
     def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None):
         self.lm = model
-        self.config = (config or MultiTurnConfig(targets="online")).validate()
+        self.config = (config or MultiTurnConfig(target_source="online")).validate()
         self.format = ChatFormat(model.tokenizer)
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
@@ -115,20 +114,20 @@ class Session:
     # ---- compressing ----------------------------------------------------------------------------------
     def compress(self, turns: tuple[int, int] | None = None, ratio: float | None = None) -> list[Segment]:
         """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
-        compressed one, the leading system message excepted) at `ratio` (default: the config's)."""
+        compressed one, the leading system message excepted) at `ratio` (default: DEFAULT_RATIO; none with
+        auto-ratio, which chooses one per turn)."""
         self._require_per_message("compress again")
         first, last = self._range(turns)
         config = self.config
-        if ratio is not None:
-            if config.auto_ratio is not None:
-                raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
-            config = replace(config, compress=CompressConfig.from_dict({**config.compress.to_dict(), "ratio": ratio}))
+        if ratio is not None and config.auto_ratio:
+            raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
         span = self.turns[first:last]
+        budget = None if config.auto_ratio else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
         cache = SplicedCache(self.cache.segments[:first], span[0].start)  # the session changes only on success
         history = None
-        if config.targets == "oracle":
+        if config.target_source == "oracle":
             history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
-        segments = compress_turns(self.lm, self.ids, span, cache, config, history)
+        segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history)
         append_verbatim(self.lm, cache, self.ids, self.turns[last:])
         self.cache = cache
         return segments

@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import torch
 
+from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
 from vkv.compress.optimise import optimise
-from vkv.compress.pooling import span_budget
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
@@ -33,15 +33,16 @@ def virtual_segment(
     acts,
     prefix: KVPrefix,
     config: CompressConfig,
+    budget: int,
     message_starts: list[int] | None = None,
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
     teacher: KVPrefix | None = None,
 ) -> Segment:
-    """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`; with a distillation
-    stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given)."""
+    """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`, `budget` entries per KV head
+    (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
+    when not given)."""
     start, end = acts.start, acts.end
-    budget = span_budget(end - start, config.ratio)  # entries each KV head attends to
     problem = SpanProblem.build(
         lm, ids, acts, config.virtual_tokens(budget, end - start), config, message_starts, attention
     )
@@ -70,19 +71,20 @@ def compress_span(
     ids: list[int],
     start: int,
     end: int,
+    ratio: float,
     config: CompressConfig,
     message_starts: list[int] | None = None,
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> SplicedCache:
-    """Prefix verbatim, [start, end) virtual, everything after re-encoded on top: a SplicedCache of `ids`."""
+    """Prefix verbatim, [start, end) virtual at `ratio`, everything after re-encoded on top: a SplicedCache of `ids`."""
     if not 0 <= start < end <= len(ids):
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
-    span_budget(end - start, config.ratio)  # a ratio the span cannot take is refused before the prefill
+    budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
     acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
     full = KVPrefix.from_cache(cache)  # ids[:end]
     segment = virtual_segment(
-        lm, ids, acts, full.slice(0, start), config, message_starts, attention, on_step, teacher=full
+        lm, ids, acts, full.slice(0, start), config, budget, message_starts, attention, on_step, teacher=full
     )
     return splice(lm, full, start, end, segment, ids[end:])
 
@@ -100,16 +102,18 @@ def compress_transcript(
     lm: FrozenLM,
     transcript,
     turns: tuple[int, int],
+    ratio: float,
     config: CompressConfig,
     on_step: Callable[[int, float], None] | None = None,
 ) -> SplicedCache:
-    """Render, compress messages [turns[0], turns[1]) and record what a cache file needs to be checked later."""
+    """Render, compress messages [turns[0], turns[1]) at `ratio` and record what a cache file needs to be checked later."""
     from vkv.kv.file import cache_metadata, transcript_record
 
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
-    spliced = compress_span(lm, rendered.ids, start, end, config, [s.start for s in rendered.spans], on_step=on_step)
+    starts = [s.start for s in rendered.spans]
+    spliced = compress_span(lm, rendered.ids, start, end, ratio, config, starts, on_step=on_step)
     spliced.meta = cache_metadata(
-        lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict()
+        lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict(), ratio=ratio
     )
     return spliced

@@ -31,13 +31,14 @@ METHODS: dict[str, type[Method]] = {
         SnapKV,
         KeyNorm,
         LongCodeZipMethod,
-        AttentionMatching,  # the closed-form anchors (issue 18)
+        AttentionMatching,
         KVzip,
+        Sequential,
+        Hybrid,
+        LaMRMethod,
+        Reuse,
     )
 }
-METHODS.update({cls.name: cls for cls in (Sequential, Hybrid)})  # multi-turn methods (issue 5)
-METHODS[LaMRMethod.name] = LaMRMethod  # needs a trained checkpoint (issue 8)
-METHODS[Reuse.name] = Reuse  # a compressed turn carried onto a history compressed again (issue 19, lever 5)
 
 
 def get_method(name: str, **options) -> Method:

@@ -8,42 +8,44 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.compaction import SpanReadout, compact
+from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.reconstruction import ReconstructionPass
 from vkv.compress.targets import attention_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
 from vkv.lm.capture import capture_span
-from vkv.methods.base import BudgetMethod, SpanWork
+from vkv.methods.base import PerTurnMethod
+from vkv.methods.work import SpanWork
+from vkv.settings import setting
 
 QUERY_SOURCES = ("span", "reconstruction", "both")
 
 
 @dataclass
-class AttentionMatching(BudgetMethod):
+class AttentionMatching(PerTurnMethod):
     """Zweiger et al. 2026, question-free: reference queries are the span's own (moved past the span) and/or those
-    of a reconstruction pass; keys by attention or OMP; β by NNLS; values by ridge least squares."""
+    of a reconstruction pass; keys by attention or OMP; β by NNLS; values by ridge least squares. Defaults chosen on
+    the dev split (evals/RESULTS.md, "The closed-form anchors on the dev split")."""
 
     name = "am"
-    selection: str = "attention"  # or "omp"
-    bias: str = "shared"  # log(n / t) for every entry; "fit": NNLS on the reference queries' masses; or "none".
-    # Chosen on the dev split (evals/RESULTS.md, issue 18): shared beat fit by +0.075 [+0.043, +0.106] retention at 3.2×
-    values: str = "refit"  # or "keep" (the kept entries' own values)
-    queries: str = "span"  # or "reconstruction" or "both"
-    # per query head and source, evenly spaced over the span (all of a shorter span's tokens). Chosen on the dev split
-    # (evals/RESULTS.md, issue 18): 512 beat 128 by +0.227 [+0.170, +0.292] retention at 3.2x; 32 lost 0.098
-    num_queries: int = 512
-    ridge: float = 1e-2  # pulls refitted values toward the kept entries' own
-    # AdaKV's split of the layer's budget over its KV heads; "uniform": each head its own t keys; "shared": the same
-    # tokens. Chosen on the dev split: adaptive beat uniform by +0.055 [+0.020, +0.103] retention at 3.2x.
-    head_budget: str = "adaptive"
+    selection: str = setting("attention", "how each head's keys are chosen", ("attention", "omp"))
+    bias: str = setting(
+        "shared",
+        "each kept entry's bias: shared, log(n / t) for every entry; fit, non-negative least squares on the reference "
+        "queries' masses; none",
+        ("shared", "fit", "none"),
+    )
+    values: str = setting("refit", "refit: ridge least squares; keep: the kept entries' own values", ("refit", "keep"))
+    queries: str = setting("span", "where the reference queries come from", QUERY_SOURCES)
+    num_queries: int = setting(
+        512,
+        "reference queries per query head and source, evenly spaced over the span (all of a shorter span's)",
+        minimum=1,
+    )
+    ridge: float = setting(1e-2, "pulls refitted values toward the kept entries' own", minimum=0)
+    head_budget: str = head_budget_setting()
 
-    def check(self) -> None:
-        if self.queries not in QUERY_SOURCES:
-            raise VkvError(
-                f"am: field queries: unknown value '{self.queries}'; choose one of {', '.join(QUERY_SOURCES)}"
-            )
-
-    def compress_to(self, work: SpanWork, budget: int) -> Segment:
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
         queries = reference_queries(work, self.queries, self.num_queries)

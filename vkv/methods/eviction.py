@@ -1,7 +1,7 @@
 """Eviction methods: keep a budget of the span's own K/V entries at their original positions; only the choice of
 entries differs, so a method is one `select` (the same tokens in every head) or one `score` (each layer and KV head
 scored, so heads may keep different entries), and these base classes own the rest. The per-turn setting is
-BudgetMethod's (methods/turns.py).
+PerTurnMethod's (methods/turns.py).
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import HEAD_BUDGETS, per_head_index
-from vkv.errors import VkvError
+from vkv.compress.head_budget import head_budget_setting, per_head_index
 from vkv.kv.segment import Segment, mass_bias
-from vkv.methods.base import BudgetMethod, SpanWork
+from vkv.methods.base import PerTurnMethod
+from vkv.methods.work import SpanWork
+from vkv.settings import setting
 
 MASS_RULES = ("none", "nearest")
 
@@ -26,22 +27,20 @@ def nearest_mass(kept: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @dataclass
-class EvictionMethod(BudgetMethod):
+class EvictionMethod(PerTurnMethod):
     """A KV-eviction method: `select(work, budget)` returns the span-relative indices of the entries to keep."""
 
-    mass: str = "none"  # "nearest": each kept entry's bias is log(1 + the dropped tokens nearest to it), the lever
-    # proportional attention gives vkv
-
-    def check(self) -> None:
-        if self.mass not in MASS_RULES:
-            raise VkvError(
-                f"{self.name}: field mass: unknown value '{self.mass}'; choose one of {', '.join(MASS_RULES)}"
-            )
+    mass: str = setting(
+        "none",
+        "nearest: bias each kept entry by the tokens it stands for, log(1 + the dropped tokens nearest to it), the "
+        "lever proportional attention gives virtual tokens",
+        MASS_RULES,
+    )
 
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def compress_to(self, work: SpanWork, budget: int) -> Segment:
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         return self.keep(work, self.select(work, budget))
 
     def keep(self, work: SpanWork, index: torch.Tensor) -> Segment:
@@ -58,15 +57,7 @@ class ScorerMethod(EvictionMethod):
     n]` (higher: keep). `head_budget` decides who keeps what: `shared`, the tokens with the best mean score in
     every head; `uniform`, each head its own best `budget`; `adaptive`, AdaKV's split (compress/head_budget.py)."""
 
-    head_budget: str = "shared"
-
-    def check(self) -> None:
-        super().check()
-        if self.head_budget not in HEAD_BUDGETS:
-            raise VkvError(
-                f"{self.name}: field head_budget: unknown value '{self.head_budget}'; "
-                f"choose one of {', '.join(HEAD_BUDGETS)}"
-            )
+    head_budget: str = head_budget_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         raise NotImplementedError
@@ -74,7 +65,7 @@ class ScorerMethod(EvictionMethod):
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         return self.score(work, budget).mean(dim=(0, 1)).topk(budget).indices
 
-    def compress_to(self, work: SpanWork, budget: int) -> Segment:
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         if self.head_budget == "shared":
             return super().compress_to(work, budget)
         index, real = per_head_index(self.score(work, budget), budget, self.head_budget)

@@ -2,8 +2,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.methods.base import SpanWork
+from vkv.compress.head_budget import head_budget_setting
 from vkv.methods.eviction import ScorerMethod
+from vkv.methods.work import SpanWork
 
 
 @dataclass
@@ -11,6 +12,9 @@ class KeyNorm(ScorerMethod):
     """Keep the entries whose keys have the lowest L2 norm (by default averaged over layers and KV heads)."""
 
     name = "knorm"
+    # Key norms are not comparable across heads, so giving each head its own choice by them loses (evals/RESULTS.md,
+    # "Head-wise budgets (dev, 3.2×)"): the same tokens in every head.
+    head_budget: str = head_budget_setting("shared")
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         return -work.acts.keys_pre_rope.norm(dim=-1).float()  # rotation keeps norms: pre-RoPE = post-RoPE

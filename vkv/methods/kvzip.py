@@ -8,17 +8,13 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.methods.base import SpanWork
 from vkv.methods.eviction import ScorerMethod
+from vkv.methods.work import SpanWork
 
 
 @dataclass
 class KVzip(ScorerMethod):
     name = "kvzip"
-    # AdaKV's split of the layer's budget over its KV heads; "uniform": each head its own best `budget`; "shared": the
-    # same tokens in every head. Chosen on the dev split (evals/RESULTS.md, issue 18): adaptive beat uniform by +0.305
-    # [+0.241, +0.371] retention at 3.2x.
-    head_budget: str = "adaptive"
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         return ReconstructionPass.run(work).scores(work.lm)  # [layers, kv_heads, n]

@@ -3,7 +3,9 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.methods.base import TextMethod, TextWork
+from vkv.methods.base import TextMethod
+from vkv.methods.work import TextWork
+from vkv.settings import setting
 
 PLACEHOLDER = "…"
 
@@ -21,7 +23,7 @@ class LaMRMethod(TextMethod):
     fewer lines than chatty ones. A removed run of lines inside a message becomes one `…` line."""
 
     name = "lamr"
-    checkpoint: str | None = None  # None: the demonstration checkpoint in $VKV_HOME/lamr-demo
+    checkpoint: str | None = setting(None, "LaMR checkpoint directory (default: the demonstration one in $VKV_HOME)")
     _pruner: Any = field(default=None, init=False, repr=False, compare=False)  # loaded on first use
 
     def pruner(self):

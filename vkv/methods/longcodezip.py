@@ -1,7 +1,8 @@
 from dataclasses import dataclass
 from typing import Any
 
-from vkv.methods.base import TextMethod, TextWork
+from vkv.methods.base import TextMethod
+from vkv.methods.work import TextWork
 
 
 @dataclass

@@ -1,6 +1,7 @@
 from dataclasses import dataclass
 
-from vkv.methods.base import Method, SpanWork
+from vkv.methods.base import Method
+from vkv.methods.work import SpanWork
 
 
 @dataclass

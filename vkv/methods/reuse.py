@@ -1,4 +1,4 @@
-"""Re-use of a compressed turn on a history that changed under it (issue 19, lever 5).
+"""Re-use of a compressed turn on a history that changed under it.
 
 The span's last message is compressed by `method` with the uncompressed history in view, as a running cache does
 when the message ends. Later the history is compressed again (everything of the span before that message, by
@@ -16,13 +16,17 @@ new history without being compressed again:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
+from vkv.compress.sequential import message_turns
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.rebuild import virtual_kv
-from vkv.methods.base import BudgetMethod, Method, SpanWork
+from vkv.methods.base import BudgetMethod, Method
+from vkv.methods.work import SpanWork, TurnWork
+from vkv.settings import setting
 
 CARRIES = ("reencode", "as-is", "fresh")
 
@@ -33,10 +37,13 @@ class Reuse(Method):
     compressed again by `history` at `history_ratio` (re-encoded, as it was, or compressed afresh there)."""
 
     name = "reuse"
-    method: str = "vkv"  # what compresses the carried (last) message, at the run's ratio
-    carry: str = "reencode"  # "reencode" (virtual tokens only), "as-is" or "fresh" (methods with a budget only)
-    history: str = "am"  # what compresses the rest of the span afterwards, or "verbatim" (the history unchanged)
-    history_ratio: float = 4.8
+    recipe_class: ClassVar[type] = CompressConfig
+    method: str = setting("vkv", "what compresses the carried (last) message, at the run's ratio")
+    carry: str = setting(
+        "reencode", "reencode (virtual tokens only), as-is, or fresh (methods with a budget only)", CARRIES
+    )
+    history: str = setting("am", "what compresses the rest of the span afterwards, or verbatim (left unchanged)")
+    history_ratio: float = setting(4.8, "the ratio the history is compressed at", minimum=1)
     recipe: CompressConfig | None = None  # for a virtual-token `method`: its recipe (None: the defaults)
 
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> SegmentGroup:
@@ -48,9 +55,6 @@ class Reuse(Method):
             cache.append(segment)
         carried_work = replace(work, start=split, acts=work.acts.slice(split, work.end))
         if self.carry == "fresh":
-            from vkv.compress.sequential import message_turns
-            from vkv.methods.turns import TurnWork
-
             turn = message_turns(work.message_starts, work.message_roles, split, work.end)[0]
             turn_work = TurnWork.on_cache(work, cache, turn)
             carried = self._method().compress_to(turn_work, turn_work.budget(ratio))
@@ -62,30 +66,27 @@ class Reuse(Method):
         return SegmentGroup([*history, carried], stats)
 
     def check(self) -> None:
-        from vkv.methods import METHODS
+        from vkv.methods import METHODS  # cycle: the registry imports this module
 
+        super().check()
         for field, value in (("method", self.method), ("history", self.history)):
             if value not in METHODS and not (field == "history" and value == "verbatim"):
                 raise VkvError(f"reuse: field {field}: unknown method '{value}'")
-        if self.carry not in CARRIES:
-            raise VkvError(f"reuse: field carry: unknown value '{self.carry}'; choose one of {', '.join(CARRIES)}")
         if self.carry == "fresh" and not issubclass(METHODS[self.method], BudgetMethod):
             raise VkvError(
                 f"reuse: carry 'fresh' is implemented for methods with a budget (am, kvzip, knorm, …), not "
                 f"'{self.method}'"
             )
-        if not self.history_ratio >= 1:
-            raise VkvError(f"reuse: field history_ratio: a ratio is a number ≥ 1, got {self.history_ratio}")
 
     def _method(self) -> Method:
-        from vkv.methods import get_method
+        from vkv.methods import get_method  # cycle: the registry imports this module
 
         return get_method(self.method, recipe=self.recipe)
 
     def _compress_history(self, work: SpanWork) -> list[Segment]:
         if self.history == "verbatim":
             return [work.keep(list(range(work.span_length)))]
-        from vkv.methods import get_method
+        from vkv.methods import get_method  # cycle: the registry imports this module
 
         result = get_method(self.history).compress(work, self.history_ratio)
         if result is None:

@@ -2,8 +2,10 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.methods.base import SpanWork
+from vkv.compress.head_budget import head_budget_setting
 from vkv.methods.eviction import ScorerMethod
+from vkv.methods.work import SpanWork
+from vkv.settings import setting
 
 
 @dataclass
@@ -13,8 +15,11 @@ class SnapKV(ScorerMethod):
     all layers and heads, so every kept entry has one position."""
 
     name = "snapkv"
-    window: int = 32  # the observation window: the span's last tokens, whose attention scores the rest
-    kernel: int = 5  # scores are pooled over this many neighbours
+    head_budget: str = head_budget_setting("shared")  # per token: every kept entry has one position
+    window: int = setting(
+        32, "the observation window: the span's last tokens, whose attention scores the rest", minimum=1
+    )
+    kernel: int = setting(5, "scores are pooled over this many neighbours (odd)", minimum=1)
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         window = max(1, min(int(self.window), budget // 2))

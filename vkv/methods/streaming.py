@@ -2,8 +2,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.methods.base import SpanWork
 from vkv.methods.eviction import EvictionMethod
+from vkv.methods.work import SpanWork
+from vkv.settings import setting
 
 
 @dataclass
@@ -11,7 +12,7 @@ class Streaming(EvictionMethod):
     """StreamingLLM: a few attention-sink tokens at the start of the span plus the most recent window."""
 
     name = "streaming"
-    sinks: int = 4  # attention-sink tokens kept at the start of the span
+    sinks: int = setting(4, "attention-sink tokens kept at the start of the span", minimum=0)
 
     def select(self, work: SpanWork, budget: int) -> torch.Tensor:
         sinks = min(int(self.sinks), budget // 4)

@@ -1,35 +1,37 @@
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
 from vkv.compress.single import virtual_segment
 from vkv.kv.segment import Segment
-from vkv.methods.base import Method, SpanWork
+from vkv.methods.base import BudgetMethod
+from vkv.methods.work import SpanWork
 
 
 @dataclass
-class VirtualTokens(Method):
+class VirtualTokens(BudgetMethod):
     """vkv: virtual tokens optimised so their per-layer V match surprisal-pooled targets."""
 
     name = "vkv"
     reports_steps = True
+    recipe_class: ClassVar[type] = CompressConfig
     recipe: CompressConfig | None = None  # None: the defaults
 
-    def settings(self, ratio: float) -> CompressConfig:
-        config = self.recipe or CompressConfig()
-        return CompressConfig.from_dict({**config.to_dict(), "ratio": ratio})
+    def settings(self) -> CompressConfig:
+        return self.recipe or CompressConfig()
 
     @property
     def question_aware(self) -> bool:
-        return (self.recipe or CompressConfig()).pooling == "attention"
+        return self.settings().pooling == "attention"
 
-    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment:
-        prefix = work.kv.slice(0, work.start)
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         return virtual_segment(
             work.lm,
             work.ids,
             work.acts,
-            prefix,
-            self.settings(ratio),
+            work.prefix(),
+            self.settings(),
+            budget,
             work.message_starts,
             work.attention,
             on_step,
@@ -37,7 +39,7 @@ class VirtualTokens(Method):
         )
 
     def config(self) -> dict:
-        return self.settings(1.0).to_dict() | {"ratio": None}
+        return self.settings().to_dict()
 
 
 @dataclass
@@ -47,7 +49,6 @@ class MeanPool(VirtualTokens):
     name = "meanpool"
     reports_steps = False  # it takes no optimisation step, so no progress bar counts them
 
-    def settings(self, ratio: float) -> CompressConfig:
-        config = super().settings(ratio)
-        config.optim.steps = 0
-        return config
+    def settings(self) -> CompressConfig:
+        recipe = super().settings()
+        return replace(recipe, optim=replace(recipe.optim, steps=0))

@@ -14,6 +14,7 @@ from typing import Any
 
 import tomllib
 
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.settings import Setting, check_value, flat_settings, from_flat
 
@@ -23,12 +24,24 @@ UNIT_KEYS = ("window", "window_turns", "span", "max_windows")
 PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
 
 
-def compress_settings() -> dict[str, Setting]:
-    """Grid keys that set a CompressConfig field (nested ones flat: steps, distill_steps), by key; the seed comes
-    from `seeds` and the ratio from `ratios`."""
-    from vkv.compress.config import CompressConfig
+def recipe_settings(recipe_class: type | None = None) -> dict[str, Setting]:
+    """Grid keys that set a field of a method's recipe (nested ones flat: steps, distill_steps, verbatim_fraction),
+    by key: `recipe_class`'s, or every recipe's (MultiTurnConfig holds CompressConfig); the seed comes from `seeds`
+    and the ratio from `ratios`."""
+    return {s.key: s for s in flat_settings(recipe_class or MultiTurnConfig) if s.key != "seed"}
 
-    return {s.key: s for s in flat_settings(CompressConfig) if s.key != "seed"}
+
+RENAMED = {  # keys earlier versions read, and what says the same today
+    "head_share": "head_budget (its value all is now shared)",
+    "sequential.targets": "the top-level key target_source",
+    "sequential.hybrid": "the top-level keys keep_verbatim = true and verbatim_fraction, verbatim_keep_by, …",
+    "sequential.auto_ratio": "the top-level keys auto_ratio = true, max_loss and ladder",
+}
+
+
+def _renamed(path: Path, where: str, key: str) -> None:
+    if key in RENAMED:
+        raise VkvError(f"{path}: {where}: key '{key}' was renamed; use {RENAMED[key]}")
 
 
 def eval_keys() -> dict[str, Any]:
@@ -64,7 +77,7 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
     if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
         raise VkvError(f"{p}: field grid must be an array of tables, written [[grid]]")
     merged = [_expand_globs(p, _merge(defaults, g)) for g in grids or [{}]]
-    allowed = (*PLAIN_KEYS, *compress_settings(), *_method_names())
+    allowed = (*PLAIN_KEYS, *recipe_settings(), *_method_names())
     for i, grid in enumerate(merged):
         _no_unknown(p, f"[[grid]] #{i + 1}", grid, allowed)
     evals = _table(p, data, "eval")
@@ -108,6 +121,7 @@ def _merge(defaults: dict, grid: dict) -> dict:
 def _no_unknown(path: Path, where: str, table: dict, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     for key in table:
+        _renamed(path, where, key)
         if key not in allowed:
             hint = f" (did you mean {_plural(key)}?)" if _plural(key) != key and _plural(key) in allowed else ""
             raise VkvError(f"{path}: {where}: unknown key '{key}'{hint}; known keys: {', '.join(allowed)}")
@@ -200,12 +214,14 @@ def _relevant(point: dict, where: str) -> dict:
     out["seed"] = point["seed"]
     if not isinstance(out["seed"], int):
         raise VkvError(f"{where}: field seeds: seeds are integers, got {out['seed']!r}")
-    settings = compress_settings()
-    if "recipe" in cls.option_names():
+    if cls.recipe_class is not None:
+        settings = recipe_settings(cls.recipe_class)
         out.update({k: check_value(settings[k], v, f"{where}: ") for k, v in point.items() if k in settings})
     for key, value in point.items():
         owner, _, option = key.partition(".")
         if option and owner == name:
+            if key in RENAMED:
+                raise VkvError(f"{where}: key '{key}' was renamed; use {RENAMED[key]}")
             if option not in cls.option_names() or option == "recipe":
                 taken = ", ".join(o for o in cls.option_names() if o != "recipe") or "none"
                 raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
@@ -234,8 +250,7 @@ def jsonable(value: Any) -> Any:
 
 
 def build_method(point: dict):
-    """The method object a point describes; its compression config carries the run's seed."""
-    from vkv.compress.config import CompressConfig
+    """The method object a point describes; its recipe carries the run's seed."""
     from vkv.methods import METHODS, get_method
 
     name = point["method"]
@@ -243,15 +258,14 @@ def build_method(point: dict):
         opt: _option(name, opt, v)
         for opt, v in ((k.split(".", 1)[1], v) for k, v in point.items() if k.startswith(name + "."))
     }
-    if "recipe" in METHODS[name].option_names():
-        options["recipe"] = from_flat(CompressConfig, point).validate()  # `seed` is a point key too
+    recipe_class = METHODS[name].recipe_class
+    if recipe_class is not None:
+        options["recipe"] = from_flat(recipe_class, point).validate()  # `seed` is a point key too
     return get_method(name, **options)
 
 
 OPTION_TABLES = {  # method options given as TOML tables, and the config class each becomes
     ("hybrid", "verbatim"): ("vkv.compress.hybrid", "HybridConfig"),
-    ("sequential", "hybrid"): ("vkv.compress.hybrid", "HybridConfig"),
-    ("sequential", "auto_ratio"): ("vkv.compress.autoratio", "AutoRatioConfig"),
 }
 
 

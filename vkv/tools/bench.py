@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from vkv.compress.budget import DEFAULT_RATIO
 from vkv.compress.optimise import (
     Batch,
     OptimConfig,
@@ -66,8 +67,8 @@ class Span:
 
 def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: float) -> Span:
     """Render, capture the span, build its problem with the default recipe: what `vkv compress` optimises."""
+    from vkv.compress.budget import span_budget
     from vkv.compress.config import CompressConfig
-    from vkv.compress.pooling import num_virtual_tokens
     from vkv.compress.problem import SpanProblem
     from vkv.lm.capture import capture_span
     from vkv.text.transcript import load_transcript, parse_turn_span, render
@@ -76,9 +77,9 @@ def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: fl
     rendered = render(transcript, lm.tokenizer)
     start, end = rendered.token_span(*parse_turn_span(span, transcript))
     acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
-    config = CompressConfig(ratio=ratio)
+    config = CompressConfig()
     message_starts = [s.start for s in rendered.spans]
-    problem = SpanProblem.build(lm, rendered.ids, acts, num_virtual_tokens(end - start, ratio), config, message_starts)
+    problem = SpanProblem.build(lm, rendered.ids, acts, span_budget(end - start, ratio), config, message_starts)
     prefix = KVPrefix.from_cache(cache, start)
     return Span(str(transcript_path), start, end, prefix, problem.targets, problem.positions)
 
@@ -614,9 +615,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--transcript", default=None, help="default: a bundled transcript, else the test fixture")
     p.add_argument("--span", default=None, help="turns:A-B (default: a ~300-token span after a long prefix)")
-    from vkv.compress.config import CompressConfig
-
-    p.add_argument("--ratio", type=float, default=CompressConfig().ratio)
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO)
     p.add_argument("--steps", type=int, default=20, help="reference-loop steps; its final loss is the target")
     p.add_argument("--lr", type=float, default=OptimConfig().lr)
     p.add_argument(

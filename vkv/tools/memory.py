@@ -14,6 +14,7 @@ import argparse
 import sys
 from dataclasses import asdict, dataclass
 
+from vkv.compress.budget import DEFAULT_RATIO, entries_at
 from vkv.errors import VkvError
 from vkv.lm.spec import prefill_bytes, spec_from_config
 
@@ -248,7 +249,7 @@ def plan(
 
         precision = "bf16" if cuda or (quant in ("fp32", "bf16", "fp16") and cpu_has_amx()) else "fp32"
     activation = 2 if precision == "bf16" else 4
-    n = max(1, round(span / ratio))
+    n = entries_at(span, ratio)
     width = window - span + n
 
     kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * unquantised
@@ -333,9 +334,7 @@ def add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cuda", help="cuda (bf16 activations) or cpu (fp32)")
     p.add_argument("--window", type=int, default=4096, help="context tokens the compression sees")
     p.add_argument("--span", type=int, default=None, help="tokens compressed (default: the whole window)")
-    from vkv.compress.config import CompressConfig
-
-    p.add_argument("--ratio", type=float, default=CompressConfig().ratio)
+    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO)
     p.add_argument(
         "--precision",
         default="auto",

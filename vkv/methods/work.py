@@ -1,0 +1,171 @@
+"""What a method is given: the span to compress and everything a live agent has when it compresses it, never the
+evaluation questions (no field here could carry them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vkv.compress.budget import span_budget
+from vkv.compress.sequential import Turn, TurnView, view_on_cache
+from vkv.errors import VkvError
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import MASKED, Segment, verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.attention import attention_to_span, attention_weights
+from vkv.lm.capture import Activations
+from vkv.lm.frozen import FrozenLM
+
+
+@dataclass
+class SpanWork:
+    """Everything a method may use to compress ids[start:end] (computed once per transcript)."""
+
+    lm: FrozenLM
+    ids: list[int]  # the rendered conversation, without any question
+    start: int
+    end: int
+    kv: KVPrefix  # full-context K/V of ids[:end], `[1, kv_heads, end, head_dim]` per layer
+    acts: Activations  # the span's V, pre-RoPE K and surprisal
+    message_starts: list[int]
+    seed: int = 0
+    attention: torch.Tensor | None = None  # only for explicitly question-aware variants
+    message_roles: list[str] | None = None  # role of each message, parallel to message_starts
+    kv_start: int = 0  # the position of kv's first entry (0: kv holds every token before `end`)
+
+    @property
+    def span_length(self) -> int:
+        return self.end - self.start
+
+    def budget(self, ratio: float) -> int:
+        """Entries a method may keep for the span at this ratio: `span_budget`, the one rule every method uses."""
+        return span_budget(self.span_length, ratio)
+
+    def prefix(self) -> KVPrefix:
+        """The K/V of everything before the span, as the model holds it when the span is compressed."""
+        return self.kv.slice(0, self.start - self.kv_start)
+
+    def keep(self, relative: torch.Tensor | list[int]) -> Segment:
+        """Verbatim segment of the span's tokens at these span-relative indices, at their original positions."""
+        idx = torch.as_tensor(relative, dtype=torch.long).sort().values + self.start
+        rows = idx - self.kv_start
+        keys, values = self.kv.select(rows).stacked()
+        return Segment("verbatim", (self.start, self.end), keys, values, idx.float())
+
+    def prefix_cache(self) -> SplicedCache:
+        """Everything before the span as the model holds it when the span is compressed (a fresh copy to extend):
+        here the verbatim context; per turn, the running compressed cache."""
+        cache = SplicedCache()
+        if self.start > 0:
+            cache.append(verbatim_segment(self.kv.slice(0, self.start - self.kv_start), 0))
+        return cache
+
+    def span_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The span's own full-context keys and values, `[layers, kv_heads, span, head_dim]` float32 each."""
+        return self.kv.slice(self.start - self.kv_start, self.end - self.kv_start).stacked()
+
+    def keep_per_head(
+        self,
+        index: torch.Tensor,
+        values: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        real: torch.Tensor | None = None,
+        **stats,
+    ) -> Segment:
+        """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
+        own entries), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
+        `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets: each head's real slots
+        first), slots that are False are padding, copies of the head's first entry masked by a bias of −inf.
+        Entry j's position is the mean original position of the j-th real entries of every head."""
+        keys, span_values = self.span_kv()
+        gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
+        kept_keys = keys.gather(2, gather)
+        kept_values = span_values.gather(2, gather) if values is None else values
+        if real is None:
+            positions = index.float().mean(dim=(0, 1))
+        else:
+            bias = (torch.zeros(index.shape) if bias is None else bias).masked_fill(~real, MASKED)
+            # padding is a copy of its head's first entry, as cache files restore it (kv/file.py)
+            kept_keys, kept_values = (torch.where(real[..., None], t, t[:, :, :1]) for t in (kept_keys, kept_values))
+            positions = (index * real).sum(dim=(0, 1)) / real.sum(dim=(0, 1)).clamp_min(1)
+            stats["head_budget_slots"] = index.shape[-1]  # physical slots per head; the rest of the row is padding
+        return Segment(
+            "compact",
+            (self.start, self.end),
+            kept_keys,
+            kept_values,
+            positions.float() + self.start,
+            bias=bias,
+            stats=stats,
+        )
+
+    def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
+        """Attention `[layers, kv_heads, key_len]` from the tokens in query_range to those in key_range (absolute
+        positions inside the span), as the model computes it for this work's context."""
+        return attention_to_span(self.lm, self.ids[: self.end], key_range, query_range)
+
+
+@dataclass
+class TurnWork(SpanWork):
+    """One message's tokens as the model computed them on top of a running compressed cache (`history`): kv holds
+    the message's own entries only, and attention is computed over the history's entries plus the message's."""
+
+    history: SplicedCache = field(default_factory=SplicedCache)
+
+    @classmethod
+    def on_cache(cls, work: SpanWork, history: SplicedCache, turn: Turn) -> TurnWork:
+        """The turn's tokens fed on top of `history` (which must end where the turn starts), queries kept."""
+        return cls.on_view(work, history, turn, view_on_cache(work.lm, history, work.ids, turn, queries=True))
+
+    @classmethod
+    def on_view(cls, work: SpanWork, history: SplicedCache, turn: Turn, view: TurnView) -> TurnWork:
+        """The turn as `view` holds it, fed on top of `history` (a copy is kept: the running cache grows later)."""
+        return cls(
+            work.lm,
+            work.ids,
+            turn.start,
+            turn.end,
+            view.kv,
+            view.acts,
+            work.message_starts,
+            work.seed,
+            message_roles=work.message_roles,
+            kv_start=turn.start,
+            history=SplicedCache(list(history.segments), history.next_position),
+        )
+
+    def prefix(self) -> KVPrefix:
+        return self.lm.prefix(self.history)
+
+    def prefix_cache(self) -> SplicedCache:
+        return SplicedCache(list(self.history.segments), self.history.next_position)
+
+    def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
+        (ks, ke), (qs, qe) = key_range, query_range
+        if not (self.start <= ks < ke <= self.end and self.start <= qs < qe <= self.end):
+            raise ValueError(
+                f"attention inside a turn: [{qs}, {qe}) → [{ks}, {ke}) leaves the turn [{self.start}, {self.end})"
+            )
+        if self.history.attention_bias() is not None:
+            raise VkvError(
+                "attention inside a turn on top of biased entries (per_turn after a method that stores biases, "
+                "e.g. mass=nearest or am) is not implemented"
+            )
+        keys = [k[0] for k in self.history.kv().cat(self.kv).keys]
+        positions = torch.cat(
+            [s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()]
+        )
+        queries = [q[:, qs - self.start : qe - self.start] for q in self.acts.queries_pre_rope]
+        weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions)
+        offset = self.history.physical_length
+        return weights[:, :, offset + ks - self.start : offset + ke - self.start]
+
+
+@dataclass
+class TextWork:
+    """What a text-level method may use: the span's messages and a question-agnostic query."""
+
+    lm: FrozenLM
+    messages: list  # the span's Message objects, in order
+    query: str  # the conversation's most recent user request, never an evaluation question
