@@ -15,13 +15,19 @@ from pathlib import Path
 
 
 def finished_runs(directory: str) -> dict[tuple, tuple[dict, str]]:
-    """(window, method, requested ratio) → (result, git revision) for every finished run in the directory."""
+    """(window, method, requested ratio, the method's own options) → (result, git revision) for every finished run in
+    the directory. The options are the grid point's method table (e.g. am.per_turn), which refactors keep as they
+    are; the resolved config is not part of the key, since a refactor may spell it differently."""
     out = {}
     for path in sorted(Path(directory).glob("results*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if isinstance(row.get("result"), dict):
-                key = (row["identity"]["unit"], row["result"]["method"], row["result"]["ratio_requested"])
+                method = row["result"]["method"]
+                options = tuple(
+                    sorted((k, str(v)) for k, v in row.get("run", {}).items() if k.startswith(method + "."))
+                )
+                key = (row["identity"]["unit"], method, row["result"]["ratio_requested"], options)
                 out[key] = (row["result"], row.get("git", {}).get("revision", "?")[:7])
     return out
 
@@ -47,7 +53,8 @@ def main() -> int:
         ok = same_ids and same_answers and delta <= args.tolerance
         differ += not ok
         print(
-            f"{'same' if ok else 'DIFF'}  {key[0]} {key[1]} {key[2]}: max |Δ retention| {delta:.2e} ({rev_a} vs {rev_b})"
+            f"{'same' if ok else 'DIFF'}  {key[0]} {key[1]} {key[2]} {dict(key[3]) or ''}: "
+            f"max |Δ retention| {delta:.2e} ({rev_a} vs {rev_b})"
         )
     print(f"{len(shared) - differ} of {len(shared)} shared runs identical question for question")
     return 1 if differ else 0

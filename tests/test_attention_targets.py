@@ -72,14 +72,14 @@ def test_optimising_lowers_the_readout_error_and_batches_agree(tiny_llama):
 
 def test_compress_with_attention_targets_end_to_end(tiny_llama):
     ids, start, end = _span(tiny_llama)
-    config = CompressConfig(ratio=3.0, target="v+attention", optim=OptimConfig(steps=2))
-    spliced = compress_span(tiny_llama, ids, start, end, config)
+    config = CompressConfig(target="v+attention", optim=OptimConfig(steps=2))
+    spliced = compress_span(tiny_llama, ids, start, end, 3.0, config)
     assert spliced.segments[1].kind == "virtual" and spliced.segments[1].real_entries == round((end - start) / 3)
 
 
 def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
     with pytest.raises(VkvError, match="not implemented for sequential"):
-        MultiTurnConfig(compress=CompressConfig(target="v+attention")).validate()
+        MultiTurnConfig(compress=CompressConfig(target="v+attention")).check_turn_by_turn()
     ids, start, end = _span(tiny_llama)
     acts, cache = capture_span(tiny_llama, ids, start, end, keep_cache=True)
     span_kv = KVPrefix(

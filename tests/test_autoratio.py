@@ -5,9 +5,10 @@ import torch
 
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.blocks import span_blocks
+from vkv.compress.budget import entries_at
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.pooling import block_weights, num_virtual_tokens
+from vkv.compress.pooling import block_weights
 from vkv.compress.sequential import FullHistory, MultiTurnConfig
 from vkv.compress.session import Session
 from vkv.compress.targets import build_targets
@@ -25,7 +26,7 @@ def fake_segment(kind: str, loss: float, entries: int) -> Segment:
 
 @pytest.mark.parametrize("threshold", [0.05, 0.25, 0.45, 0.9, 5.0])
 def test_ladder_search_returns_the_highest_ratio_within_tolerance(threshold):
-    loss_of = {num_virtual_tokens(96, r): 0.1 * i for i, r in enumerate(LADDER, start=1)}  # grows with the ratio
+    loss_of = {entries_at(96, r): 0.1 * i for i, r in enumerate(LADDER, start=1)}  # grows with the ratio
     built = []
 
     def build(entries):
@@ -33,7 +34,7 @@ def test_ladder_search_returns_the_highest_ratio_within_tolerance(threshold):
         return fake_segment("virtual", loss_of[entries], entries)
 
     segment = choose_ratio(96, build, lambda: fake_segment("verbatim", 0.0, 96), AutoRatioConfig(threshold, LADDER))
-    passing = [r for r in LADDER if loss_of[num_virtual_tokens(96, r)] <= threshold]
+    passing = [r for r in LADDER if loss_of[entries_at(96, r)] <= threshold]
     chosen = segment.stats["auto_ratio"]["chosen"]
     assert chosen == (max(passing) if passing else 1.0)
     assert segment_loss(segment) <= threshold
@@ -48,7 +49,7 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     max_loss = 0.12
     config = MultiTurnConfig(
-        CompressConfig(optim=OptimConfig(steps=3)), targets="oracle", auto_ratio=AutoRatioConfig(max_loss, LADDER)
+        CompressConfig(optim=OptimConfig(steps=3)), auto_ratio=True, tolerance=AutoRatioConfig(max_loss, LADDER)
     )
     session = Session(tiny_llama, config)
     session.extend(list(transcript.messages[:5]))
@@ -72,8 +73,10 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
 
 
 def test_auto_ratio_settings_are_checked():
-    with pytest.raises(VkvError, match="max-loss"):
+    with pytest.raises(VkvError, match="field max_loss: must be a positive number"):
         AutoRatioConfig(0.0).validate()
+    with pytest.raises(VkvError, match="field max_loss: auto-ratio needs a tolerance"):
+        AutoRatioConfig().validate()
     with pytest.raises(VkvError, match="ladder"):
         AutoRatioConfig(0.3, (0.5, 2.0)).validate()
     assert AutoRatioConfig(0.3, (4, 2, 2)).validate().ladder == (2.0, 4.0)

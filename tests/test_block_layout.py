@@ -25,14 +25,13 @@ def test_surprisal_blocks_carry_equal_mass_and_centred_positions(smol, floor):
     ids = smol.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     start, end = 2, 30
     config = CompressConfig(
-        ratio=4.0,
         boundaries="surprisal",
         mass_floor=floor,
         positions="centres",
         head_budget="shared",  # one slot per block: the layout under test
         optim=OptimConfig(steps=2),
     )
-    segment = compress_span(smol, ids, start, end, config).segments[1]
+    segment = compress_span(smol, ids, start, end, 4.0, config).segments[1]
     acts, _ = capture_span(smol, torch.tensor(ids[:end]), start, end)
     mass = block_mass(acts.surprisal, config.mass_floor)
     expected = partition_by_mass(mass, 7)
@@ -65,7 +64,7 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
 def test_unknown_boundaries_are_refused(tiny_llama):
     ids = tiny_llama.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     with pytest.raises(VkvError, match="unknown block boundaries 'paragraphs'"):
-        compress_span(tiny_llama, ids, 2, 30, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 2, 30, 2.0, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
 
 
 def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model_dir):

@@ -46,7 +46,7 @@ def test_chat_continues_a_compressed_transcripts_cache(smol, tmp_path, monkeypat
     from vkv.text.transcript import load_transcript
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
-    spliced = compress_transcript(smol, transcript, (1, 3), CompressConfig(optim=OptimConfig(steps=1)))
+    spliced = compress_transcript(smol, transcript, (1, 3), 3.2, CompressConfig(optim=OptimConfig(steps=1)))
     save_cache(spliced, tmp_path / "c.safetensors")
     code, out, _ = _chat(
         monkeypatch, capsys, ["Which library hashes passwords?", "And the test runner?"], tmp_path / "c.safetensors"

@@ -17,8 +17,8 @@ pytestmark = pytest.mark.integration
 def test_optimisation_halves_the_v_loss_on_a_real_span(quant, smol, smol8, mini_transcript_path):
     lm = smol if quant == "fp32" else smol8
     transcript = load_transcript(mini_transcript_path)
-    config = CompressConfig(ratio=3.2, optim=OptimConfig(steps=25, lr=1e-2, patience=25))
-    spliced = compress_transcript(lm, transcript, (3, 5), config)  # the package.json output and the reply
+    config = CompressConfig(optim=OptimConfig(steps=25, lr=1e-2, patience=25))
+    spliced = compress_transcript(lm, transcript, (3, 5), 3.2, config)  # the package.json output and the reply
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     assert virtual.real_entries == round(virtual.original_tokens / 3.2)  # what heads reach; twice that optimised
     assert virtual.stats["best_loss"] <= 0.5 * virtual.stats["initial_loss"], virtual.stats

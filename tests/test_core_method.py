@@ -98,7 +98,7 @@ def test_removed_span_equals_masked_attention_reference(tiny):
 def test_save_load_roundtrip_gives_identical_logits(tiny_llama, tmp_path):
     lm = tiny_llama
     ids = ids_of(lm)
-    spliced = compress_span(lm, ids, 3, 20, CompressConfig(ratio=3.0, optim=OptimConfig(steps=3)))
+    spliced = compress_span(lm, ids, 3, 20, 3.0, CompressConfig(optim=OptimConfig(steps=3)))
     spliced.meta = cache_metadata(lm)
     path = tmp_path / "c.safetensors"
     save_cache(spliced, path)
@@ -123,7 +123,7 @@ def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, 
     from tests.conftest import build_tiny
 
     lm = tiny_llama
-    spliced = compress_span(lm, ids_of(lm), 2, 12, CompressConfig(ratio=2.0, optim=OptimConfig(steps=1)))
+    spliced = compress_span(lm, ids_of(lm), 2, 12, 2.0, CompressConfig(optim=OptimConfig(steps=1)))
     spliced.meta = cache_metadata(lm)
     path = tmp_path / "c.safetensors"
     save_cache(spliced, path)
@@ -143,16 +143,16 @@ def test_cache_files_refuse_mismatch_and_corruption(tiny_llama, smol_tokenizer, 
 def test_bad_ratio_and_empty_span_are_clear_errors(tiny_llama):
     ids = ids_of(tiny_llama)
     with pytest.raises(VkvError, match="compression ratio must be at least 1"):
-        compress_span(tiny_llama, ids, 2, 12, CompressConfig(ratio=0.9, optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 2, 12, 0.9, CompressConfig(optim=OptimConfig(steps=1)))
     with pytest.raises(VkvError, match="empty"):
-        compress_span(tiny_llama, ids, 5, 5, CompressConfig(optim=OptimConfig(steps=1)))
+        compress_span(tiny_llama, ids, 5, 5, 2.0, CompressConfig(optim=OptimConfig(steps=1)))
 
 
 def test_optimiser_keeps_best_and_is_deterministic(tiny_llama):
     ids = ids_of(tiny_llama)
-    cfg = CompressConfig(ratio=4.0, optim=OptimConfig(steps=15, lr=5e-2, init="random", seed=3))
-    first = compress_span(tiny_llama, ids, 2, 30, cfg).segments[1]
-    second = compress_span(tiny_llama, ids, 2, 30, cfg).segments[1]
+    cfg = CompressConfig(optim=OptimConfig(steps=15, lr=5e-2, init="random", seed=3))
+    first = compress_span(tiny_llama, ids, 2, 30, 4.0, cfg).segments[1]
+    second = compress_span(tiny_llama, ids, 2, 30, 4.0, cfg).segments[1]
     assert torch.equal(first.embeddings, second.embeddings)
     st = first.stats
     assert st["best_loss"] == min(st["trace"]) and st["best_loss"] < st["initial_loss"]
@@ -163,6 +163,6 @@ def test_optimiser_keeps_best_and_is_deterministic(tiny_llama):
 @pytest.mark.parametrize("loss", ["mse", "cosine"])
 def test_key_targets_and_losses_optimise(tiny_llama, target, loss):
     ids = ids_of(tiny_llama)
-    cfg = CompressConfig(ratio=3.0, target=target, optim=OptimConfig(steps=8, loss=loss))
-    seg = compress_span(tiny_llama, ids, 2, 20, cfg).segments[1]
+    cfg = CompressConfig(target=target, optim=OptimConfig(steps=8, loss=loss))
+    seg = compress_span(tiny_llama, ids, 2, 20, 3.0, cfg).segments[1]
     assert math.isfinite(seg.stats["best_loss"]) and seg.stats["best_loss"] <= seg.stats["initial_loss"]

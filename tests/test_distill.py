@@ -47,9 +47,9 @@ def test_kl_is_zero_with_the_real_span_and_falls_with_optimisation(tiny_llama, p
 def test_compress_records_the_distillation_stage(tiny_llama, problem):
     ids, start, end, _ = problem
     config = CompressConfig(
-        ratio=4.0, optim=OptimConfig(steps=2), distill=DistillConfig(steps=2, probes=("continuation",), probe_tokens=8)
+        optim=OptimConfig(steps=2), distill=DistillConfig(steps=2, probes=("continuation",), probe_tokens=8)
     )
-    spliced = compress_span(tiny_llama, ids, start, end, config)
+    spliced = compress_span(tiny_llama, ids, start, end, 4.0, config)
     stats = spliced.segments[1].stats["distill"]
     assert stats["probe_tokens"] == [8] and len(stats["trace"]) == 3
     assert CompressConfig.from_dict(config.to_dict()) == config

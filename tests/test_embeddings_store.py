@@ -1,6 +1,5 @@
 """Embeddings-only cache files (`--store embeddings`): K/V rebuilt at load equal the compressor's, on the real model."""
 
-import argparse
 import json
 from types import SimpleNamespace
 
@@ -36,7 +35,7 @@ def caches(smol, tmp_path_factory):
     window = select_windows(transcript, render(transcript, smol.tokenizer), int(WINDOW))[0]
     ids = render(window, smol.tokenizer).ids
     torch.manual_seed(0)
-    spliced = compress_transcript(smol, window, (2, 5), CompressConfig(ratio=4, optim=OptimConfig(steps=2)))
+    spliced = compress_transcript(smol, window, (2, 5), 4, CompressConfig(optim=OptimConfig(steps=2)))
     root = tmp_path_factory.mktemp("stores")
     kv, embeddings = root / "kv.safetensors", root / "embeddings.safetensors"
     save_cache(spliced, kv)
@@ -71,13 +70,10 @@ def test_rebuilt_kv_equal_the_kv_file(smol, caches):
 
 
 def test_sequential_segments_rebuild_on_the_biased_cache_before_them(smol, caches, tmp_path):
-    from vkv.cli.multiturn import add_multiturn_args, compress_multiturn
+    from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 
-    parser = argparse.ArgumentParser()
-    add_multiturn_args(parser)
-    args = parser.parse_args(["--sequential", "--target-source", "online"])
-    config = CompressConfig(ratio=4, optim=OptimConfig(steps=1))
-    spliced = compress_multiturn(smol, caches.window, (2, 5), config, args)
+    plan = MultiTurnConfig(CompressConfig(optim=OptimConfig(steps=1)), target_source="online")
+    spliced = compress_transcript_turns(smol, caches.window, (2, 5), 4.0, plan, sequential=True)
     assert [s.kind for s in spliced.segments].count("virtual") == 3
     path = tmp_path / "sequential.safetensors"
     save_cache(spliced, path, store="embeddings", ids=caches.ids)

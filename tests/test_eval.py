@@ -10,6 +10,7 @@ from tests.conftest import bundled_transcripts
 from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
 from vkv.methods import METHODS, get_method
@@ -37,7 +38,8 @@ def mini_transcript_path_module():
 @pytest.mark.parametrize("name", sorted(METHODS))
 @pytest.mark.parametrize("ratio", [2.0, 3.2])
 def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio, tiny_lamr_checkpoint):
-    method = get_method(name, recipe=FAST, checkpoint=tiny_lamr_checkpoint)
+    recipe = MultiTurnConfig(FAST) if METHODS[name].recipe_class is MultiTurnConfig else FAST
+    method = get_method(name, recipe=recipe, checkpoint=tiny_lamr_checkpoint)
     result = evaluation.evaluate(method, ratio)
     span = evaluation.end - evaluation.start
     assert result["span_tokens"] == span
@@ -268,13 +270,16 @@ def test_text_methods_per_turn_prune_each_message_with_the_request_known_then(ev
 
 @pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv", "am", "kvzip"])
 def test_budget_methods_per_turn_keep_each_turns_share_from_its_own_view(evaluation, name):
-    from vkv.compress.sequential import allocate, message_turns
+    from vkv.compress.budget import allocate
+    from vkv.compress.sequential import message_turns
 
     work = evaluation.work
     group = get_method(name, per_turn=True).compress(work, 2.0)
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
     assert [s.span for s in group] == [(t.start, t.end) for t in turns]
-    assert [s.real_entries for s in group] == allocate([t.length for t in turns], 2.0)  # adaptive budgets pad
+    assert [s.real_entries for s in group] == allocate(
+        [t.length for t in turns], work.budget(2.0)
+    )  # adaptive budgets pad
     assert sum(s.real_entries for s in group) == work.budget(2.0)
     for segment, turn in zip(group, turns):
         positions = segment.positions.long()

@@ -24,11 +24,9 @@ def caches(tiny_llama):
     ids = rendered.ids[:cut]
     out = {}
     for biased in (True, False):
-        shares = "adaptive" if biased else "all"  # unbiased: no mass and no head-wise masks either
-        config = CompressConfig(
-            ratio=4.0, proportional_attention=biased, head_budget=shares, optim=OptimConfig(steps=2)
-        )
-        out[biased] = compress_span(tiny_llama, ids, start, end, config)
+        shares = "adaptive" if biased else "shared"  # unbiased: no mass and no head-wise masks either
+        config = CompressConfig(proportional_attention=biased, head_budget=shares, optim=OptimConfig(steps=2))
+        out[biased] = compress_span(tiny_llama, ids, start, end, 4.0, config)
     return out, rendered.ids[cut : cut + 12]
 
 
@@ -88,8 +86,8 @@ def test_generate_on_a_loaded_cache_file_matches_vkv_ask(smol, tmp_path):
     from vkv.text.transcript import followup
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
-    config = CompressConfig(ratio=3.0, optim=OptimConfig(steps=3))
-    save_cache(compress_transcript(smol, transcript, (1, 4), config), tmp_path / "c.safetensors")
+    config = CompressConfig(optim=OptimConfig(steps=3))
+    save_cache(compress_transcript(smol, transcript, (1, 4), 3.0, config), tmp_path / "c.safetensors")
     spliced = load_cache(tmp_path / "c.safetensors", smol)
     prompt, _ = followup(smol.tokenizer, render(transcript, smol.tokenizer), transcript, "Which test runner is used?")
     ours = Context(smol, spliced).greedy(prompt, max_new_tokens=12)  # what `vkv ask` answers

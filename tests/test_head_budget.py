@@ -126,13 +126,13 @@ def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_
         "--max-new-tokens",
         "2",
     ]
-    assert main([*argv, "--head-budget", "adaptive", "--option", "mass=nearest", "--json", str(out)]) == 0
+    assert main([*argv, "--head-budget", "adaptive", "--mass", "nearest", "--json", str(out)]) == 0
     (result,) = json.loads(out.read_text())
     assert result["config"]["head_budget"] == "adaptive" and result["config"]["mass"] == "nearest"
-    assert main([*argv, "--option", "selection=omp"]) == 2
-    assert "--option selection: none of the methods knorm has it" in capsys.readouterr().err
-    assert main([*argv, "--option", "per_turn=maybe"]) == 2
-    assert "--option per_turn=maybe: expected a bool" in capsys.readouterr().err
+    assert main([*argv, "--selection", "omp"]) == 2
+    assert "--selection: none of the methods knorm has it (am do)" in capsys.readouterr().err
+    assert main([*argv, "--num-queries", "many"]) == 2
+    assert "argument --num-queries: expected int, got 'many'" in capsys.readouterr().err
 
 
 def test_masking_per_head_keeps_each_heads_share_and_its_total_weight():

@@ -91,7 +91,10 @@ def test_sequential_hybrid_keeps_each_turns_own_kv(tiny_llama):
     from tests.conftest import FIXTURES
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
-    session = Session(tiny_llama, MultiTurnConfig(FAST, targets="online", hybrid=HybridConfig(0.15, max_share=0.9)))
+    session = Session(
+        tiny_llama,
+        MultiTurnConfig(FAST, target_source="online", keep_verbatim=True, verbatim=HybridConfig(0.15, max_share=0.9)),
+    )
     session.extend(list(transcript.messages[:4]))
     reference = [s for s in session.cache.segments]  # messages 0-3 verbatim: their real K/V on the same history
     with warnings.catch_warnings():
@@ -128,7 +131,7 @@ def test_short_turn_rule_caps_the_verbatim_share_and_warns(evaluation):
 
 
 def test_bad_hybrid_settings_are_clear_errors(evaluation):
-    with pytest.raises(VkvError, match="keep-by"):
+    with pytest.raises(VkvError, match="field keep_by: unknown value"):
         HybridConfig(keep_by="attention").validate()
     with pytest.raises(VkvError, match="fraction"):
         HybridConfig(fraction=1.5).validate()

@@ -7,8 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from vkv.compress.budget import entries_at
 from vkv.compress.optimise import OptimConfig, optimise, optimise_batch
-from vkv.compress.pooling import block_weights, num_virtual_tokens, partition
+from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
 from vkv.compress.targets import build_targets
 from vkv.kv.prefix import KVPrefix
@@ -32,7 +33,7 @@ TEXT = (
 def make_problem(lm, start, end, ratio=3.0, kind="v", text=TEXT):
     ids = torch.tensor(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
     acts, cache = capture_span(lm, ids, start, end, keep_cache=True)
-    k = num_virtual_tokens(end - start, ratio)
+    k = entries_at(end - start, ratio)
     blocks = partition(end - start, k)
     targets = build_targets(lm, ids, acts, blocks, block_weights("surprisal", blocks, acts.surprisal), kind)
     return KVPrefix.from_cache(cache, start), targets, virtual_positions("interpolate", start, end, k)

@@ -1,10 +1,10 @@
 import pytest
 import torch
 
+from vkv.compress.budget import entries_at
 from vkv.compress.pooling import (
     block_mass,
     block_weights,
-    num_virtual_tokens,
     partition,
     partition_by_mass,
     pool,
@@ -14,13 +14,13 @@ from vkv.compress.positions import virtual_positions
 from vkv.errors import VkvError
 
 
-def test_num_virtual_tokens_rounds_and_refuses_bad_ratios():
-    assert num_virtual_tokens(320, 3.2) == 100
-    assert num_virtual_tokens(5, 100.0) == 1
+def test_entries_at_rounds_and_refuses_bad_ratios():
+    assert entries_at(320, 3.2) == 100
+    assert entries_at(5, 100.0) == 1
     with pytest.raises(VkvError, match="at least 1"):
-        num_virtual_tokens(100, 0.5)
+        entries_at(100, 0.5)
     with pytest.raises(VkvError, match="empty"):
-        num_virtual_tokens(0, 2.0)
+        entries_at(0, 2.0)
 
 
 def test_equal_partition_tiles_the_span():

@@ -96,8 +96,8 @@ def test_the_direct_forward_and_the_models_own_honour_a_per_head_bias_alike(tiny
 def test_virtual_segment_bias_counts_its_blocks_and_survives_a_file(tiny_llama, tmp_path):
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
-    config = CompressConfig(ratio=3.0, proportional_attention=True, head_budget="shared", optim=OptimConfig(steps=1))
-    spliced = compress_span(tiny_llama, rendered.ids, start, end, config)
+    config = CompressConfig(proportional_attention=True, head_budget="shared", optim=OptimConfig(steps=1))
+    spliced = compress_span(tiny_llama, rendered.ids, start, end, 3.0, config)
     virtual = spliced.segments[1]
     mass = shared_mass(virtual)
     assert int(mass.sum()) == end - start and mass.numel() == virtual.entries
@@ -111,7 +111,8 @@ def test_virtual_segment_bias_counts_its_blocks_and_survives_a_file(tiny_llama, 
         rendered.ids,
         start,
         end,
-        CompressConfig(ratio=3.0, proportional_attention=False, head_budget="shared", optim=OptimConfig(steps=1)),
+        3.0,
+        CompressConfig(proportional_attention=False, head_budget="shared", optim=OptimConfig(steps=1)),
     )
     assert off.segments[1].bias is None and off.attention_bias() is None
 
@@ -150,8 +151,8 @@ def test_fitted_biases_give_the_span_back_its_mass_and_survive_an_embeddings_fil
 
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
-    config = CompressConfig(ratio=3.0, fit_bias=True, head_budget="shared", optim=OptimConfig(steps=1))
-    spliced = compress_span(tiny_llama, rendered.ids, start, end, config)
+    config = CompressConfig(fit_bias=True, head_budget="shared", optim=OptimConfig(steps=1))
+    spliced = compress_span(tiny_llama, rendered.ids, start, end, 3.0, config)
     virtual = spliced.segments[1]
     acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end, queries=True)
     problem = SpanProblem.build(tiny_llama, rendered.ids, acts, virtual.entries, config)
@@ -178,6 +179,6 @@ def test_fit_bias_with_hybrid_is_refused_not_approximated(tiny_llama):
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
     acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end)
-    config = CompressConfig(ratio=3.0, fit_bias=True)
+    config = CompressConfig(fit_bias=True)
     with pytest.raises(VkvError, match="fit_bias is not implemented"):
         SpanProblem.build(tiny_llama, rendered.ids, acts, 4, config, tokens=torch.arange(0, end - start, 2))

@@ -57,7 +57,7 @@ def test_fresh_compresses_the_message_on_the_new_history(work):
     "options, message",
     [
         ({"method": "am", "carry": "reencode"}, "needs virtual tokens"),
-        ({"method": "vkv", "carry": "fresh"}, "implemented for methods with a budget"),
+        ({"method": "longcodezip", "carry": "fresh"}, "implemented for methods with a budget"),
         ({"carry": "later"}, "field carry: unknown value"),
         ({"history": "zip"}, "field history: unknown method"),
         ({"history_ratio": 0.5}, "field history_ratio"),

@@ -1,16 +1,16 @@
 """Sequential multi-turn compression and the Session API (tiny random model, two optimiser steps)."""
 
-import argparse
 import json
 
 import pytest
 import torch
 
 from tests.conftest import build_tiny
-from vkv.cli.multiturn import add_multiturn_args, compress_multiturn, method_options
+from vkv.cli import build_parser, recipe_from_args
+from vkv.compress.budget import allocate
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig, allocate, message_turns
+from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns, message_turns
 from vkv.compress.session import Session
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
@@ -37,7 +37,7 @@ def transcript():
 @pytest.fixture(scope="module")
 def session(tiny_llama, transcript):
     """Messages 0-4 appended, 1-3 compressed online at 2×, then 5-7 appended one at a time."""
-    s = Session(tiny_llama, MultiTurnConfig(FAST, targets="online"))
+    s = Session(tiny_llama, MultiTurnConfig(FAST, target_source="online"))
     s.extend(list(transcript.messages[:5]))
     s.compress(turns=(1, 4), ratio=4.0)
     for message in transcript.messages[5:]:
@@ -104,7 +104,7 @@ def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
     turns = message_turns(work.message_starts, None, work.start, work.end)
     records = {}
     for mode in ("oracle", "online"):
-        group = get_method("sequential", recipe=FAST, targets=mode).compress(work, 2.0)
+        group = get_method("sequential", recipe=MultiTurnConfig(FAST, target_source=mode)).compress(work, 2.0)
         rows = group.stats["turns"]
         assert group.entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
         assert [r["targets"] for r in rows] == [mode] * len(turns) and len(rows) == 5
@@ -116,22 +116,24 @@ def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
 
 
 def test_budget_is_shared_exactly_over_turns():
-    counts = allocate([26, 19, 46, 67, 1, 3], 3.2)
-    assert sum(counts) == round(162 / 3.2) and all(1 <= c <= n for c, n in zip(counts, [26, 19, 46, 67, 1, 3]))
-    assert allocate([10, 10], 1.0) == [10, 10]
-    with pytest.raises(VkvError, match="each turn needs one"):
-        allocate([2, 2, 2, 2], 8.0)
+    counts = allocate([26, 19, 46, 67, 1, 3], 51)
+    assert sum(counts) == 51 and all(1 <= c <= n for c, n in zip(counts, [26, 19, 46, 67, 1, 3]))
+    assert allocate([10, 10], 20) == [10, 10]
+    with pytest.raises(VkvError, match="cannot give each of its 4 turns one"):
+        allocate([2, 2, 2, 2], 1)
+    with pytest.raises(VkvError, match="exceeds the 4 tokens"):
+        allocate([2, 2], 5)
 
 
 def test_sequential_method_splices_one_segment_per_message(evaluation):
-    result = evaluation.evaluate(get_method("sequential", recipe=FAST), 3.0)
+    result = evaluation.evaluate(get_method("sequential", recipe=MultiTurnConfig(FAST)), 3.0)
     span = evaluation.end - evaluation.start
     rows = result["optimisation"]["turns"]
     assert result["compressed_entries"] == round(span / 3.0) == sum(r["entries"] for r in rows)
     assert len(result["optimisation"]["turns"]) == 5 and len(result["questions"]) == 2
     first, last = evaluation.turns
     assert [r["role"] for r in rows] == [m.role for m in evaluation.transcript.messages[first:last]]
-    group = get_method("sequential", recipe=FAST).compress(evaluation.work, 3.0)
+    group = get_method("sequential", recipe=MultiTurnConfig(FAST)).compress(evaluation.work, 3.0)
     assert isinstance(group, SegmentGroup) and len(group) == 5
     assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries
 
@@ -144,7 +146,7 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
     recipe = CompressConfig(head_budget="adaptive", optim=OptimConfig(steps=2))
     losses = {}
     for mode in ("oracle", "online"):
-        result = evaluation.evaluate(get_method("sequential", recipe=recipe, targets=mode), 3.0)
+        result = evaluation.evaluate(get_method("sequential", recipe=MultiTurnConfig(recipe, target_source=mode)), 3.0)
         span = evaluation.end - evaluation.start
         assert result["compressed_entries"] == pytest.approx(round(span / 3.0))
         assert result["stored_entries"] > result["compressed_entries"]
@@ -154,11 +156,10 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
 
 
 def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tmp_path):
-    parser = argparse.ArgumentParser()
-    add_multiturn_args(parser)
-    args = parser.parse_args(["--sequential", "--target-source", "online", "--hybrid", "--keep-by", "surprisal"])
-    assert method_options(args)["hybrid"].keep_by == "surprisal"
-    spliced = compress_multiturn(tiny_llama, transcript, (1, 5), FAST, args)
+    flags = ["--target-source", "online", "--keep-verbatim", "--verbatim-keep-by", "surprisal", "--steps", "2"]
+    plan = recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", *flags]))
+    assert plan.keep_verbatim and plan.verbatim.keep_by == "surprisal" and plan.target_source == "online"
+    spliced = compress_transcript_turns(tiny_llama, transcript, (1, 5), 3.2, plan, sequential=True)
     rendered = render(transcript, tiny_llama.tokenizer)
     assert [tuple(s.span) for s in spliced.segments] == [(s.start, s.end) for s in rendered.spans]
     assert spliced.next_position == len(rendered.ids)
@@ -173,5 +174,5 @@ def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tm
         assert row["verbatim_text"] == [tiny_llama.tokenizer.decode([i]) for i in ids]
     totals = report_totals(rows)
     assert totals["compressed_ratio"] == pytest.approx(3.2, abs=0.3)
-    with pytest.raises(VkvError, match="--max-loss"):
-        method_options(parser.parse_args(["--auto-ratio"]))
+    with pytest.raises(VkvError, match="field max_loss: auto-ratio needs a tolerance"):
+        recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", "--auto-ratio"]))

@@ -122,16 +122,29 @@ def test_method_option_tables_become_their_settings_class(tmp_path):
         tmp_path,
         "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['hybrid', 'sequential']\n"
         "ratios = 3.2\nhybrid.verbatim = [{ fraction = 0.1 }, { fraction = 0.2 }]\n"
-        "sequential.targets = ['oracle', 'online']\n",
+        "target_source = ['oracle', 'online']\n",
     )
     points = expand(load_experiment(path))
     assert len(points) == 4
     hybrid = [build_method(p) for p in points if p["method"] == "hybrid"]
     assert sorted(m.config()["verbatim"]["fraction"] for m in hybrid) == [0.1, 0.2]
-    assert sorted(build_method(p).config()["targets"] for p in points if p["method"] == "sequential") == [
+    assert sorted(build_method(p).config()["target_source"] for p in points if p["method"] == "sequential") == [
         "online",
         "oracle",
     ]
+
+
+@pytest.mark.parametrize(
+    "line, new",
+    [
+        ("head_share = 'adaptive'", "use head_budget"),
+        ("sequential.targets = 'online'", "use the top-level key target_source"),
+    ],
+)
+def test_a_renamed_key_names_its_new_spelling(tmp_path, line, new):
+    path = write_toml(tmp_path, f"[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['sequential']\n{line}\n")
+    with pytest.raises(VkvError, match=f"was renamed; {new}"):
+        expand(load_experiment(path))
 
 
 def test_missing_transcript_names_the_file_and_field(tmp_path):

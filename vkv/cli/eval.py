@@ -136,6 +136,14 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
     """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
     names = [c.name for c in classes]
     recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
+    if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
+        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
+        if lacking:
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
+            raise VkvError(
+                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
+                "is the method sequential)"
+            )
     given = {}
     for key, option in method_options().items():
         if getattr(args, key, None) is None:
@@ -145,14 +153,6 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
                 f"{option.setting.flag}: none of the methods {', '.join(names)} has it ({', '.join(option.owners)} do)"
             )
         given[key] = option
-    if "per_turn" in given:  # a per-turn comparison must not silently mix in whole-span runs
-        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
-        if lacking:
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
-            raise VkvError(
-                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
-                "is the method sequential)"
-            )
     return given
 
 

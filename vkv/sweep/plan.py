@@ -122,12 +122,17 @@ def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
                 "seed": point["seed"],
                 "eval": settings,
             }
-            run_id = hashlib.sha256(canonical(identity).encode()).hexdigest()[:16]
+            run_id = identity_hash(identity)
             runs.setdefault(run_id, Run(run_id, point, unit, identity))
     order = {}
     return sorted(
         runs.values(), key=lambda r: (order.setdefault(r.group, len(order)), order.setdefault(r.unit.label, len(order)))
     )
+
+
+def identity_hash(identity: dict) -> str:
+    """A run's id: the first 16 hex digits of the SHA-256 of its identity's canonical JSON."""
+    return hashlib.sha256(canonical(identity).encode()).hexdigest()[:16]
 
 
 def _tokenizer(model: str, cache: dict):

@@ -1,0 +1,85 @@
+"""Give the finished runs of a sweep directory the ids today's code gives them, so that a sweep resumes them instead
+of running them again after a change of how a method's settings are spelled (not of what they do).
+
+Each run's recorded grid point is read in today's spelling (`head_share` → `head_budget`, `all` → `shared`;
+`sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and settings), its
+method is rebuilt with today's code and its identity's config replaced by the method's config now; the id is the
+hash of that identity. A run whose point today's code refuses is reported and left as it is.
+
+    python scripts/remap_run_ids.py runs/benchmark            # show what would change
+    python scripts/remap_run_ids.py runs/benchmark --write    # rewrite results*.jsonl in place (atomically)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vkv.errors import VkvError
+from vkv.io import write_text_atomic
+from vkv.sweep.grid import build_method
+from vkv.sweep.plan import identity_hash
+
+
+def upgraded_point(point: dict) -> dict:
+    """A grid point as an earlier version recorded it, in today's keys."""
+    point = dict(point)
+    if "head_share" in point:
+        share = point.pop("head_share")
+        point["head_budget"] = "shared" if share == "all" else share
+    if "sequential.targets" in point:
+        point["target_source"] = point.pop("sequential.targets")
+    for old, switch, prefix in (
+        ("sequential.hybrid", "keep_verbatim", "verbatim_"),
+        ("sequential.auto_ratio", "auto_ratio", ""),
+    ):
+        table = point.pop(old, None)
+        if table is not None:
+            point[switch] = True
+            point.update({prefix + k: v for k, v in table.items()})
+    return point
+
+
+def remapped(record: dict) -> dict:
+    """The record with today's point, config and id (the result is untouched)."""
+    point = upgraded_point(record["run"])
+    identity = {**record["identity"], "config": build_method(point).config()}
+    identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
+    return {**record, "run_id": identity_hash(identity), "run": point, "identity": identity}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory")
+    parser.add_argument("--write", action="store_true", help="rewrite the results files (default: only report)")
+    args = parser.parse_args()
+    paths = sorted(Path(args.directory).glob("results*.jsonl"))
+    if not paths:
+        print(f"{args.directory}: no results*.jsonl", file=sys.stderr)
+        return 1
+    changed = same = refused = 0
+    for path in paths:
+        lines = []
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            try:
+                new = remapped(record) if "identity" in record else record
+            except VkvError as exc:
+                print(f"{path}: run {record.get('run_id')}: left as it is ({exc})")
+                new, refused = record, refused + 1
+            if new["run_id"] == record.get("run_id"):
+                same += 1
+            elif new is not record:
+                changed += 1
+            lines.append(json.dumps(new))
+        if args.write:
+            write_text_atomic(path, "\n".join(lines) + "\n")
+    action = "rewritten" if args.write else "would change (pass --write)"
+    print(f"{changed} run ids {action}, {same} unchanged, {refused} refused")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
