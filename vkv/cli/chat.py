@@ -4,23 +4,38 @@ a pipe.
 Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
 compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session.
 From a pipe (`echo question | vkv chat ...`) every line is a question and only the answers are printed.
+
+The source file is the positional argument (hand-written: it is not a setting); the flags are the fields of
+`ChatConfig` and the compression recipe's (`add_compress_args`, vkv.cli.compress).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
+from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
 from vkv.errors import VkvError
-from vkv.settings import bounded
+from vkv.settings import add_arguments, from_args, nested, setting
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
     "/save FILE": "write the session to FILE (its directory must exist)",
     "/help": "list these commands",
     "/quit": "end the chat (also /exit, or end of input)",
 }
+
+
+@dataclass
+class ChatConfig:
+    model: ModelConfig = nested(ModelConfig)
+    temperature: float = setting(0.0, "0: greedy; above 0: sampling at this temperature", minimum=0)
+    max_new_tokens: int = setting(256, "longest answer, in tokens", minimum=1)
+    compress_every: int = setting(
+        0, "compress the verbatim messages once this many have accumulated (0: never)", minimum=0
+    )
 
 
 def open_session(source: str, lm, recipe):
@@ -48,22 +63,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     from vkv.cli.compress import compress_config_from_args
 
-    if args.model is None:  # a cache file names its model; a transcript gets the default one
+    config = from_args(ChatConfig, args)
+    model = config.model
+    if model.model is None and Path(args.source).suffix != ".json":  # a cache file names its model
         from vkv.kv.file import read_header
-        from vkv.lm.load import DEFAULT_MODEL
 
-        args.model = read_header(args.source).get("model") if Path(args.source).suffix != ".json" else DEFAULT_MODEL
-    lm = load_from_args(args)
+        model = dataclasses.replace(model, model=read_header(args.source).get("model"))
+    lm = load_model_from(model)  # a transcript gets the default model
     session = open_session(args.source, lm, compress_config_from_args(args))
-    if args.compress_every and not session.per_message:
+    if config.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
             "this is a compressed transcript's cache"
         )
     interactive = sys.stdin.isatty()
-    sampling = {"do_sample": args.temperature > 0, "max_new_tokens": args.max_new_tokens}
-    if args.temperature > 0:
-        sampling["temperature"] = args.temperature
+    sampling = {"do_sample": config.temperature > 0, "max_new_tokens": config.max_new_tokens}
+    if config.temperature > 0:
+        sampling["temperature"] = config.temperature
     if interactive:
         console.print(
             f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
@@ -85,7 +101,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not interactive:
             print(answer, flush=True)
         uncompressed += 2
-        if args.compress_every and uncompressed >= args.compress_every:
+        if config.compress_every and uncompressed >= config.compress_every:
             session.compress()
             uncompressed = 0
     return 0
@@ -120,21 +136,10 @@ def slash_command(session, line: str) -> bool:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from vkv.cli.compress import add_compress_args
+
     p = sub.add_parser("chat", help="continue a saved session (or a transcript) interactively or from a pipe")
     p.set_defaults(run=cmd_chat)
     p.add_argument("source", help="a session file (.safetensors, from /save or Session.save) or a transcript (.json)")
-    add_model_args(p)
-    p.set_defaults(model=None)
-    p.add_argument(
-        "--temperature", type=bounded(float, 0), default=0.0, help="0: greedy; above 0: sampling at this temperature"
-    )
-    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=256)
-    p.add_argument(
-        "--compress-every",
-        type=bounded(int, 0),
-        default=0,
-        help="compress the verbatim messages once this many have accumulated (0: never)",
-    )
-    from vkv.cli.compress import add_compress_args
-
+    add_arguments(p, ChatConfig)
     add_compress_args(p)  # the recipe of a new session's --compress-every (a saved session keeps its own)
