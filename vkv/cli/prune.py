@@ -61,34 +61,18 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 def prune(path: str, config: PruneConfig) -> dict:
     """The payload `vkv prune` prints (pruned text, token counts, kept lines, the backend's report)."""
+    what = {"query": config.query, "budget": config.budget, "ratio": config.ratio, "language": config.language}
     if config.backend == "longcodezip":
         from vkv.backends.longcodezip.cli import prune_file
         from vkv.backends.longcodezip.settings import LongCodeZipSettings
 
-        return prune_file(
-            path,
-            query=config.query,
-            budget=config.budget,
-            ratio=config.ratio,
-            language=config.language,
-            settings=LongCodeZipSettings(rank_only=config.rank_only),
-            json_path=config.json,
-            lm=load_model_from(config.model),
-        )
+        settings = LongCodeZipSettings(rank_only=config.rank_only)
+        lm = load_model_from(config.model)
+        return prune_file(path, **what, settings=settings, json_path=config.json, lm=lm)
     from vkv.backends.lamr.cli import prune_payload
 
-    return prune_payload(
-        path,
-        checkpoint=config.checkpoint,
-        query=config.query,
-        threshold=config.threshold,
-        budget=config.budget,
-        ratio=config.ratio,
-        language=config.language,
-        repair=config.repair,
-        device=config.model.device,
-        json_path=config.json,
-    )
+    lamr = {"threshold": config.threshold, "repair": config.repair, "device": config.model.device}
+    return prune_payload(path, checkpoint=config.checkpoint, **what, **lamr, json_path=config.json)
 
 
 def cmd_lamr(args: argparse.Namespace) -> int:

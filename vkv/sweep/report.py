@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -419,7 +420,7 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
 def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]:
     """Write the PNGs that have data; returns their file names. Needs matplotlib (pip install 'vkv[plots]')."""
     try:
-        import matplotlib
+        import matplotlib  # optional dependency (vkv[plots])
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: F401
@@ -434,7 +435,7 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]
 
 
 def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (vkv[plots]); plots() checks it is there
     import matplotlib.ticker
 
     metrics = (
@@ -475,7 +476,7 @@ def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> 
 
 
 def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency, as above
 
     traced = defaultdict(list)
     for line in results.lines:
@@ -516,8 +517,7 @@ def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> b
 
 
 def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # optional dependency, as above
 
     cols, names, grid = per_question(results)
     if not names:

@@ -52,7 +52,7 @@ from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.tools.memory import plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SPANS = [  # a ~300-token span after a ~1400-token prefix; the fixture when the transcripts are absent
+DEFAULT_SPANS = [  # a span of a few hundred tokens after a long prefix; the fixture when the transcripts are absent
     (ROOT / "transcripts" / "dev" / "taskapi-express-sqlite.json", "turns:8-9"),
     (ROOT / "tests" / "fixtures" / "mini-agent.json", "turns:3-7"),
 ]
