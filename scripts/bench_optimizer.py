@@ -5,22 +5,9 @@ python scripts/bench_optimizer.py                 # fp32 and 8-bit, ~300-token s
 python scripts/bench_optimizer.py --quants fp32 --steps 20 --profile
 """
 
-import argparse
 import sys
 
-from vkv.errors import VkvError
-from vkv.tools.bench import add_bench_args, run_bench
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_bench_args(parser)
-    try:
-        return run_bench(parser.parse_args(argv))
-    except VkvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
+from vkv.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", "optimizer", *sys.argv[1:]]))

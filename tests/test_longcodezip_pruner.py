@@ -9,13 +9,12 @@ from __future__ import annotations
 import ast
 import json
 import textwrap
-from argparse import Namespace
 
 import pytest
 import torch
 
 from vkv.backends.longcodezip import LongCodeZip, LongCodeZipSettings, read_source
-from vkv.backends.longcodezip.cli import run_prune
+from vkv.backends.longcodezip.cli import prune_file
 from vkv.backends.longcodezip.tokens import count_tokens
 from vkv.backends.source.treesitter import parser_for
 from vkv.errors import VkvError
@@ -343,14 +342,11 @@ def test_run_prune_writes_json(tiny_lm, tmp_path):
     source = tmp_path / "lru.go"
     source.write_text(GO, encoding="utf-8")
     out = tmp_path / "out.json"
-    args = Namespace(
-        file=str(source), query="evict", ratio=3.0, budget=None, language=None, rank_only=False, json=str(out)
-    )
-    payload = run_prune(args, lm=tiny_lm)
+    payload = prune_file(source, query="evict", ratio=3.0, json_path=out, lm=tiny_lm)
     assert payload["language"] == "go" and payload["compressed_tokens"] <= payload["original_tokens"] // 3
     assert json.loads(out.read_text())["text"] == payload["text"]
     with pytest.raises(VkvError, match="--query is required"):
-        run_prune(Namespace(file=str(source), query=None, ratio=2.0), lm=tiny_lm)
+        prune_file(source, query=None, ratio=2.0, lm=tiny_lm)
 
 
 # ---- the real test model ------------------------------------------------------------------------------

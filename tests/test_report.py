@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from vkv.errors import VkvError
-from vkv.sweep.report import add_report_args, breakdown, load, paired, per_question, rows, run_report
+from vkv.sweep.report import ReportConfig, breakdown, load, paired, per_question, rows, run_report
 
 
 def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
@@ -136,9 +135,7 @@ def test_variant_names_skip_sections_another_setting_leaves_empty(tmp_path):
 
 
 def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
-    parser = argparse.ArgumentParser()
-    add_report_args(parser)
-    assert run_report(parser.parse_args([str(sweep_dir)])) == 0
+    assert run_report(sweep_dir) == 0
     printed = capsys.readouterr().out
     assert "keyword acc" in printed and "vkv pooling=surprisal" in printed and "something" in printed
     out = sweep_dir / "report"
@@ -177,9 +174,7 @@ def test_paired_differences_against_a_reference(sweep_dir):
 
 
 def test_report_vs_prints_and_writes_the_paired_table_and_breakdowns(sweep_dir, capsys):
-    parser = argparse.ArgumentParser()
-    add_report_args(parser)
-    assert run_report(parser.parse_args([str(sweep_dir), "--vs", "truncate"])) == 0
+    assert run_report(sweep_dir, ReportConfig(vs="truncate")) == 0
     printed = capsys.readouterr().out
     assert "paired differences" in printed and "split test" in printed
     md = (sweep_dir / "report" / "report.md").read_text()

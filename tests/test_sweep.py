@@ -258,7 +258,8 @@ def sweep_cmd(config: Path, out: Path, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "vkv.sweep",
+        "vkv.cli",
+        "sweep",
         str(config),
         "--out",
         str(out),

@@ -29,13 +29,20 @@ def setting(
     cli: bool = True,
     minimum: float | None = None,
     above: bool = False,
+    required: bool = False,
+    metavar: str | None = None,
+    many: bool = False,
 ) -> Any:
     """A dataclass field with its help text and allowed values (`choices`: a tuple, or a function returning a
     registry's names, called when they are needed); `cli=False` keeps it out of the command line and sweeps. A number
     with a `minimum` must be finite and at least it (above it with `above`): the command line, sweeps and
-    `check_ranges` (each config's validate) refuse anything else alike."""
+    `check_ranges` (each config's validate) refuse anything else alike. `required`: its flag must be given (the
+    default, None, stands for "not given" in the Python API, which each config's validate refuses); `metavar`: the
+    value's name in usage lines; `many`: a tuple flag that takes several words (`--sources a b`) instead of one
+    comma-separated word."""
+    flag = {"required": required, "metavar": metavar, "many": many}
     bound = {"minimum": minimum, "above": above}
-    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli, **bound})
+    return field(default=default, metadata={"help": help, "choices": choices, "cli": cli, **bound, **flag})
 
 
 def nested(config: type, prefix: str = "", help: str = "") -> Any:
@@ -55,6 +62,9 @@ class Setting:
     choices: Choices
     minimum: float | None = None
     above: bool = False
+    required: bool = False
+    metavar: str | None = None
+    many: bool = False
 
     @property
     def flag(self) -> str:
@@ -87,6 +97,9 @@ def flat_settings(config: type, prefix: str = "", path: tuple[str, ...] = ()) ->
                 f.metadata.get("choices"),
                 f.metadata.get("minimum"),
                 f.metadata.get("above", False),
+                f.metadata.get("required", False),
+                f.metadata.get("metavar"),
+                f.metadata.get("many", False),
             )
         )
     return out
@@ -206,19 +219,27 @@ def check_value(s: Setting, value: Any, where: str) -> Any:
 
 
 def add_arguments(group: argparse._ActionsContainer, config: type, skip: Iterable[str] = ()) -> None:
-    """One flag per setting of `config`, defaulting to the field's default (help text and choices from it)."""
+    """One flag per setting of `config`, defaulting to the field's default (help text and choices from it; the
+    default is appended to the help unless it is None, whose meaning the help gives, or the help names it)."""
     skip = set(skip)
     for s in flat_settings(config):
         if s.key in skip:
             continue
         default_text = ",".join(map(str, s.default)) if isinstance(s.default, tuple) else s.default
-        help_text = f"{s.help} (default: {default_text})" if s.help else f"default: {default_text}"
+        help_text = s.help
+        if s.default is not None and "default" not in s.help:
+            help_text = f"{s.help} (default: {default_text})" if s.help else f"default: {default_text}"
+        common = {"default": s.default, "help": help_text}
+        if s.required:
+            common["required"] = True
         if isinstance(s.default, bool):
             group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
+        elif s.many:
+            group.add_argument(s.flag, nargs="*", type=_element_type(s), metavar=s.metavar, **common)
         elif isinstance(s.default, tuple) or _optional_tuple(s.kind):
-            group.add_argument(s.flag, type=_comma_list(s), default=s.default, help=help_text, metavar="A,B,…")
+            group.add_argument(s.flag, type=_comma_list(s), metavar=s.metavar or "A,B,…", **common)
         else:
-            group.add_argument(s.flag, type=_scalar_type(s), default=s.default, choices=s.allowed(), help=help_text)
+            group.add_argument(s.flag, type=_scalar_type(s), choices=s.allowed(), metavar=s.metavar, **common)
 
 
 def from_args(config: type, args: argparse.Namespace) -> Any:
@@ -239,13 +260,19 @@ def _scalar_type(s: Setting) -> Callable[[str], Any]:
     return bounded(kind, s.minimum, s.above)
 
 
+def _element_type(s: Setting) -> type:
+    """The element type of a tuple setting: its default's first element's, else the annotation's (e.g.
+    tuple[float, ...] | None)."""
+    if s.default:
+        return type(s.default[0])
+    for arg in (s.kind, *typing.get_args(s.kind)):
+        if typing.get_origin(arg) is tuple:
+            return typing.get_args(arg)[0]
+    return float
+
+
 def _comma_list(s: Setting) -> Callable[[str], tuple]:
-    sample = s.default[0] if s.default else None
-    element = type(sample) if sample is not None else float
-    if sample is None:  # an optional tuple: its element type from the annotation, e.g. tuple[float, ...] | None
-        for arg in typing.get_args(s.kind):
-            if typing.get_origin(arg) is tuple:
-                element = typing.get_args(arg)[0]
+    element = _element_type(s)
 
     def parse(text: str) -> tuple:
         try:

@@ -1,5 +1,11 @@
 """The `vkv` command line: one module per command, each adding its parser with `register(sub)`; rich tables for
-people, `--json FILE` for machines, one-sentence errors."""
+people, `--json FILE` for machines, one-sentence errors.
+
+Every flag is a field of a config dataclass (vkv.settings: `add_arguments` makes the flags, `from_args` builds the
+config back); only positional arguments (files) are hand-written. This package is the only code that sees an
+`argparse.Namespace`: a command's `cmd_*` function builds its config and hands it, with plain values, to the library.
+A command's module imports heavy library code (torch, transformers, the methods) inside its functions rather than at
+the top, so that `import vkv.cli` and reading the flags stay quick."""
 
 from __future__ import annotations
 

@@ -1,11 +1,25 @@
-"""`vkv ask`: answer a question from a compressed cache."""
+"""`vkv ask`: answer a question from a compressed cache.
+
+The cache file is the positional argument (hand-written: it is not a setting); every flag is a field of `AskConfig`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 
-from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript, write_json
-from vkv.settings import bounded
+from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, write_json
+from vkv.settings import add_arguments, from_args, nested, setting
+
+
+@dataclass
+class AskConfig:
+    model: ModelConfig = nested(ModelConfig)
+    question: str | None = setting(None, "the question to answer", required=True)
+    answer_prefix: str = setting("", "text the answer starts with")
+    transcript: str | None = setting(None, "the transcript the cache was built from (default: recorded path)")
+    max_new_tokens: int = setting(32, "longest answer, in tokens", minimum=1)
+    json: str | None = setting(None, "also write the question and answer here")
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
@@ -14,18 +28,20 @@ def cmd_ask(args: argparse.Namespace) -> int:
     from vkv.lm.rebuild import load_cache
     from vkv.text.transcript import followup, render
 
+    config = from_args(AskConfig, args)
     header = read_header(args.cache)
-    if args.model is None:
-        args.model = header.get("model")
-    transcript = recorded_transcript(args.cache, header, args.transcript)  # refused before any rebuild is run
-    lm = load_from_args(args)
+    model = config.model
+    if model.model is None:
+        model = dataclasses.replace(model, model=header.get("model"))
+    transcript = recorded_transcript(args.cache, header, config.transcript)  # refused before any rebuild is run
+    lm = load_model_from(model)
     spliced = load_cache(args.cache, lm)
     rendered = render(transcript, lm.tokenizer)
-    prompt, _ = followup(lm.tokenizer, rendered, transcript, args.question, args.answer_prefix or "")
-    answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, args.max_new_tokens), skip_special_tokens=True)
-    console.print(f"[bold]Q:[/] {args.question}")
-    console.print(f"[bold]A:[/] {(args.answer_prefix or '')}{answer}")
-    write_json(args.json, {"question": args.question, "answer": answer, "cache": args.cache})
+    prompt, _ = followup(lm.tokenizer, rendered, transcript, config.question, config.answer_prefix)
+    answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, config.max_new_tokens), skip_special_tokens=True)
+    console.print(f"[bold]Q:[/] {config.question}")
+    console.print(f"[bold]A:[/] {config.answer_prefix}{answer}")
+    write_json(config.json, {"question": config.question, "answer": answer, "cache": args.cache})
     return 0
 
 
@@ -33,10 +49,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ask", help="answer a question from a compressed cache")
     p.set_defaults(run=cmd_ask, outputs=("json",))
     p.add_argument("cache")
-    add_model_args(p)
-    p.set_defaults(model=None)
-    p.add_argument("--question", required=True)
-    p.add_argument("--answer-prefix", default="", help="text the answer starts with")
-    p.add_argument("--transcript", help="the transcript the cache was built from (default: recorded path)")
-    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=32)
-    p.add_argument("--json")
+    add_arguments(p, AskConfig)

@@ -4,6 +4,9 @@ a pipe.
 Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
 compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session.
 From a pipe (`echo question | vkv chat ...`) every line is a question and only the answers are printed.
+
+The source file is the positional argument (hand-written: it is not a setting); the flags are the fields of
+`ChatConfig` and the compression recipe's (`add_compress_args`, vkv.cli.compress).
 """
 
 from __future__ import annotations
@@ -11,19 +14,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from vkv.cli.common import add_model_args, console, load_from_args, recorded_transcript
+from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
 from vkv.cli.compress import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO
 from vkv.errors import VkvError
-from vkv.settings import bounded
+from vkv.settings import add_arguments, from_args, nested, setting
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
     "/save FILE": "write the session to FILE (its directory must exist)",
     "/help": "list these commands",
     "/quit": "end the chat (also /exit, or end of input)",
 }
+
+
+@dataclass
+class ChatConfig:
+    model: ModelConfig = nested(ModelConfig)
+    temperature: float = setting(0.0, "0: greedy; above 0: sampling at this temperature", minimum=0)
+    max_new_tokens: int = setting(256, "longest answer, in tokens", minimum=1)
+    compress_every: int = setting(
+        0, "compress the verbatim messages once this many have accumulated (0: never)", minimum=0
+    )
+    ratio: float = setting(DEFAULT_RATIO, "the ratio --compress-every compresses at", minimum=1, above=True)
 
 
 def open_session(source: str, lm, recipe):
@@ -48,23 +63,24 @@ def open_session(source: str, lm, recipe):
 def cmd_chat(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
-    if args.model is None:  # a cache file names its model; a transcript gets the default one
+    config = from_args(ChatConfig, args)
+    model = config.model
+    if model.model is None and Path(args.source).suffix != ".json":  # a cache file names its model
         from vkv.kv.file import read_header
-        from vkv.lm.load import DEFAULT_MODEL
 
-        args.model = read_header(args.source).get("model") if Path(args.source).suffix != ".json" else DEFAULT_MODEL
-    lm = load_from_args(args)
+        model = dataclasses.replace(model, model=read_header(args.source).get("model"))
+    lm = load_model_from(model)  # a transcript gets the default model
     # a chat keeps no uncompressed history, so its turns' targets come from the running cache
     session = open_session(args.source, lm, dataclasses.replace(recipe_from_args(args), target_source="online"))
-    if args.compress_every and not session.per_message:
+    if config.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
             "this is a compressed transcript's cache"
         )
     interactive = sys.stdin.isatty()
-    sampling = {"do_sample": args.temperature > 0, "max_new_tokens": args.max_new_tokens}
-    if args.temperature > 0:
-        sampling["temperature"] = args.temperature
+    sampling = {"do_sample": config.temperature > 0, "max_new_tokens": config.max_new_tokens}
+    if config.temperature > 0:
+        sampling["temperature"] = config.temperature
     if interactive:
         console.print(
             f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
@@ -86,8 +102,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         if not interactive:
             print(answer, flush=True)
         uncompressed += 2
-        if args.compress_every and uncompressed >= args.compress_every:
-            session.compress(ratio=args.ratio)
+        if config.compress_every and uncompressed >= config.compress_every:
+            session.compress(ratio=config.ratio)
             uncompressed = 0
     return 0
 
@@ -121,22 +137,9 @@ def slash_command(session, line: str) -> bool:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+
     p = sub.add_parser("chat", help="continue a saved session (or a transcript) interactively or from a pipe")
     p.set_defaults(run=cmd_chat)
     p.add_argument("source", help="a session file (.safetensors, from /save or Session.save) or a transcript (.json)")
-    add_model_args(p)
-    p.set_defaults(model=None)
-    p.add_argument(
-        "--temperature", type=bounded(float, 0), default=0.0, help="0: greedy; above 0: sampling at this temperature"
-    )
-    p.add_argument("--max-new-tokens", type=bounded(int, 1), default=256)
-    p.add_argument(
-        "--compress-every",
-        type=bounded(int, 0),
-        default=0,
-        help="compress the verbatim messages once this many have accumulated (0: never)",
-    )
-    p.add_argument(
-        "--ratio", type=bounded(float, 1, above=True), default=DEFAULT_RATIO, help="--compress-every's ratio"
-    )
+    add_arguments(p, ChatConfig)
     add_recipe_args(p, skip=("target_source",))  # a new session's recipe (a saved session keeps its own)

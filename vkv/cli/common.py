@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from vkv.errors import VkvError
+from vkv.settings import add_arguments, from_args, setting
 
 # Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -37,20 +39,41 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
     return window_transcript(transcript, *recorded["window"]) if recorded.get("window") else transcript
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    from vkv.lm.load import DEFAULT_MODEL, QUANTS
+def _quants() -> tuple[str, ...]:
+    from vkv.lm.load import QUANTS
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help="hub id, local directory, or alias (smollm2-135m)")
-    p.add_argument("--quant", default="auto", choices=QUANTS, help="auto = 8bit on CUDA, fp32 on CPU")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
-    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"), help="attention implementation")
+    return QUANTS
+
+
+@dataclass
+class ModelConfig:
+    """The model a command loads (`--model`, `--quant`, `--device`, `--attn`); nested in each command's config."""
+
+    model: str | None = setting(
+        None,
+        "hub id, local directory, or alias (smollm2-135m); default: vkv's default model, or for ask, chat and "
+        "validate the one the cache or transcripts record",
+    )
+    quant: str = setting("auto", "auto = 8bit on CUDA, fp32 on CPU", choices=_quants)
+    device: str = setting("auto", "cpu, cuda, cuda:N or auto")
+    attn: str = setting("sdpa", "attention implementation", choices=("sdpa", "eager"))
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    add_arguments(p, ModelConfig)
+
+
+def load_model_from(config: ModelConfig):
+    """The model `config` names (vkv's default model when it names none)."""
+    from vkv.lm.load import DEFAULT_MODEL, load_model
+
+    name = config.model or DEFAULT_MODEL
+    with console.status(f"loading {name} ({config.quant})"):
+        return load_model(name, quant=config.quant, device=config.device, attn_implementation=config.attn)
 
 
 def load_from_args(args: argparse.Namespace):
-    from vkv.lm.load import load_model
-
-    with console.status(f"loading {args.model} ({args.quant})"):
-        return load_model(args.model, quant=args.quant, device=args.device, attn_implementation=args.attn)
+    return load_model_from(from_args(ModelConfig, args))
 
 
 def write_json(path: str | None, obj) -> None:

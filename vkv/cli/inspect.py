@@ -1,19 +1,32 @@
-"""`vkv inspect`: a cache file's metadata and segment table."""
+"""`vkv inspect`: a cache file's metadata and segment table.
+
+The cache file is the positional argument (hand-written: it is not a setting); every flag is a field of
+`InspectConfig`."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from rich.table import Table
 
 from vkv.cli.common import console, key_value_table, write_json
+from vkv.settings import add_arguments, from_args, setting
+
+
+@dataclass
+class InspectConfig:
+    report: bool = setting(False, "also print the per-turn compression report")
+    header_only: bool = setting(False, "read the header alone (by default every tensor is checked against it first)")
+    json: str | None = setting(None, "also write the header here")
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from vkv.kv.file import read_header, verify
-    from vkv.kv.report import entries_text, memory_text, report_rows, storage
+    from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
 
-    header = read_header(args.cache) if args.header_only else verify(args.cache)
+    config = from_args(InspectConfig, args)
+    header = read_header(args.cache) if config.header_only else verify(args.cache)
     stored = storage(args.cache, header)
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
     meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)
@@ -37,12 +50,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             str(st.get("steps", "—")),
         )
     console.print(table)
-    if any(seg.get("stats", {}).get("turn") is not None for seg in header["segments"]) or args.report:
-        from vkv.kv.report import report_rows, report_table
-
+    if any(seg.get("stats", {}).get("turn") is not None for seg in header["segments"]) or config.report:
         console.print(report_table(report_rows(header)))
-    if args.json:
-        write_json(args.json, {**header, "storage": stored})
+    if config.json:
+        write_json(config.json, {**header, "storage": stored})
     return 0
 
 
@@ -50,10 +61,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="print a cache file's metadata and segment table")
     p.set_defaults(run=cmd_inspect, outputs=("json",))
     p.add_argument("cache")
-    p.add_argument("--report", action="store_true", help="also print the per-turn compression report")
-    p.add_argument(
-        "--header-only",
-        action="store_true",
-        help="read the header alone (by default every tensor is checked against it first)",
-    )
-    p.add_argument("--json", help="also write the header here")
+    add_arguments(p, InspectConfig)

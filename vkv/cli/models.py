@@ -1,19 +1,29 @@
-"""`vkv models`: list the aliases vkv knows and fetch them."""
+"""`vkv models`: list the aliases vkv knows and fetch them.
+
+The alias to fetch is `vkv models fetch`'s positional argument (hand-written: it is not a setting); its flag is the
+field of `FetchConfig`."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from rich.table import Table
 
 from vkv.cli.common import console
+from vkv.settings import add_arguments, from_args, setting
+
+
+@dataclass
+class FetchConfig:
+    force: bool = setting(False, "fetch again even if present")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from vkv.lm import zoo
 
     if args.models_command == "fetch":
-        zoo.fetch(args.name, force=args.force, log=console.print)
+        zoo.fetch(args.name, force=from_args(FetchConfig, args).force, log=console.print)
         return 0
     table = Table(title="models vkv can fetch")
     for col in ("alias", "fetched", "path", "description"):
@@ -30,5 +40,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     msub = p.add_subparsers(dest="models_command")
     f = msub.add_parser("fetch", help="download and convert a model into $VKV_HOME/models")
     f.add_argument("name")
-    f.add_argument("--force", action="store_true", help="fetch again even if present")
+    add_arguments(f, FetchConfig)
     msub.add_parser("list", help="list aliases")

@@ -1,19 +1,31 @@
-"""`vkv render`: a transcript as the model sees it, with its per-message token spans."""
+"""`vkv render`: a transcript as the model sees it, with its per-message token spans.
+
+The transcript is the positional argument (hand-written: it is not a setting); every flag is a field of
+`RenderConfig`."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from rich.table import Table
 
 from vkv.cli.common import console, tokenizer_for, write_json
+from vkv.settings import add_arguments, from_args, setting
+
+
+@dataclass
+class RenderConfig:
+    model: str | None = setting(None, "model whose tokenizer and chat template to use (default: vkv's default model)")
+    json: str | None = setting(None, "also write the span table to this file")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
     from vkv.text.transcript import load_transcript, render
 
+    config = from_args(RenderConfig, args)
     transcript = load_transcript(args.transcript)
-    lm_tokenizer = tokenizer_for(args.model)
+    lm_tokenizer = tokenizer_for(config.model)
     rendered = render(transcript, lm_tokenizer)
     table = Table(title=f"{transcript.id}: {len(rendered.ids)} tokens, {len(rendered.spans)} messages")
     for col, justify in (
@@ -43,7 +55,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         console.print(f"note: {n}")
     console.print(f"spans tile the {len(rendered.ids)} ids: {'yes' if tiles else 'NO'}")
     write_json(
-        args.json,
+        config.json,
         {"transcript": transcript.id, "tokens": len(rendered.ids), "spans": [vars(s) for s in rendered.spans]},
     )
     return 0 if tiles else 1
@@ -53,5 +65,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("render", help="render a transcript and print its per-message token spans")
     p.set_defaults(run=cmd_render, outputs=("json",))
     p.add_argument("transcript")
-    p.add_argument("--model", default=None, help="model whose tokenizer and chat template to use")
-    p.add_argument("--json", help="also write the span table to this file")
+    add_arguments(p, RenderConfig)

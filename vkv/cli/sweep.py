@@ -1,29 +1,31 @@
-"""`vkv sweep` and `vkv report`: run an experiment grid resumably, and turn its results into tables."""
+"""`vkv sweep` and `vkv report`: run an experiment grid resumably, and turn its results into tables.
+
+The experiment file and the results directory are positional arguments (hand-written here: they are not
+settings); every flag is a field of `SweepConfig` or `ReportConfig`."""
 
 from __future__ import annotations
 
 import argparse
 
+from vkv.settings import add_arguments, from_args
+from vkv.sweep import SweepConfig, run_sweep
+from vkv.sweep.report import ReportConfig, run_report
+
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from vkv.sweep import run_sweep
-
-    return run_sweep(args)
+    return run_sweep(args.config, from_args(SweepConfig, args))
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from vkv.sweep.report import run_report
-
-    return run_report(args)
+    return run_report(args.dir, from_args(ReportConfig, args))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vkv.sweep import add_sweep_args
-    from vkv.sweep.report import add_report_args
-
     p = sub.add_parser("sweep", help="run an experiment grid (experiments/*.toml) resumably; --shard i/n")
     p.set_defaults(run=cmd_sweep)
-    add_sweep_args(p)
+    p.add_argument("config", help="experiment file (experiments/*.toml)")
+    add_arguments(p, SweepConfig)
     p = sub.add_parser("report", help="tables, PNG plots and report.md from a sweep's results")
     p.set_defaults(run=cmd_report)
-    add_report_args(p)
+    p.add_argument("dir", help="a sweep's --out directory")
+    add_arguments(p, ReportConfig)

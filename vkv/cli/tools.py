@@ -1,19 +1,31 @@
-"""`vkv doctor`, `vkv bench` and `vkv plan`: checks, speed and memory of this machine and model."""
+"""`vkv doctor`, `vkv bench` and `vkv plan`: checks, speed and memory of this machine and model.
+
+Every flag is a field of the command's config: `DoctorConfig` (here), `BenchConfig` (vkv.tools.bench),
+`CacheBenchConfig` (vkv.tools.bench_cache) and `PlanConfig` (vkv.tools.memory)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from vkv.cli.common import add_model_args, console, key_value_table, load_from_args, write_json
+from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, write_json
+from vkv.settings import add_arguments, from_args, nested, setting
+
+
+@dataclass
+class DoctorConfig:
+    model: ModelConfig = nested(ModelConfig)
+    json: str | None = setting(None, "also write the report to this file")
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from vkv.tools.doctor import check
 
-    lm = load_from_args(args)
+    config = from_args(DoctorConfig, args)
+    lm = load_model_from(config.model)
     report = check(lm)
     console.print(key_value_table("vkv doctor", report))
-    write_json(args.json, report)
+    write_json(config.json, report)
     if not report["ok"]:
         console.print("[red]doctor: gradients did not reach the input embeddings, or model weights are trainable[/]")
         return 1
@@ -22,37 +34,36 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "cache":
-        from vkv.tools.bench_cache import run_bench_cache
+        from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
 
-        return run_bench_cache(args)
-    from vkv.tools.bench import run_bench
+        return run_bench_cache(from_args(CacheBenchConfig, args))
+    from vkv.tools.bench import BenchConfig, run_bench
 
-    return run_bench(args)
+    return run_bench(from_args(BenchConfig, args))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from vkv.tools.memory import run_plan
+    from vkv.tools.memory import PlanConfig, run_plan
 
-    return run_plan(args)
+    return run_plan(from_args(PlanConfig, args))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="load a model and check gradients flow to the input embeddings")
     p.set_defaults(run=cmd_doctor, outputs=("json",))
-    add_model_args(p)
-    p.add_argument("--json", help="also write the report to this file")
+    add_arguments(p, DoctorConfig)
 
-    from vkv.tools.bench import add_bench_args
-    from vkv.tools.bench_cache import add_bench_cache_args
-    from vkv.tools.memory import add_plan_args
+    from vkv.tools.bench import BenchConfig
+    from vkv.tools.bench_cache import CacheBenchConfig
+    from vkv.tools.memory import PlanConfig
 
     p = sub.add_parser("bench", help="benchmarks")
     p.set_defaults(run=cmd_bench, outputs=("json",))
     bsub = p.add_subparsers(dest="bench_command", required=True)
-    add_bench_args(bsub.add_parser("optimizer", help="vkv's optimiser vs a straightforward loop and the compute floor"))
-    add_bench_cache_args(
-        bsub.add_parser("cache", help="bytes, peak memory and decode time of compressed caches: padded vs ragged")
-    )
+    optimizer = bsub.add_parser("optimizer", help="vkv's optimiser vs a straightforward loop and the compute floor")
+    add_arguments(optimizer, BenchConfig)
+    cache = bsub.add_parser("cache", help="bytes, peak memory and decode time of compressed caches: padded vs ragged")
+    add_arguments(cache, CacheBenchConfig)
     p = sub.add_parser("plan", help="memory budget of a compression run, computed from the model config")
     p.set_defaults(run=cmd_plan, outputs=("json",))
-    add_plan_args(p)
+    add_arguments(p, PlanConfig)

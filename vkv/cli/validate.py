@@ -1,16 +1,29 @@
-"""`vkv validate`: check transcripts (schema, leakage, and with a model the context gap)."""
+"""`vkv validate`: check transcripts (schema, leakage, and with a model the context gap).
+
+The transcripts are positional arguments (hand-written: they are not settings); the flags are the fields of
+`ValidateConfig` and of the scoring settings, `EvalSettings` (its answer length aside: validation generates nothing).
+"""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from rich.markup import escape
 from rich.table import Table
 
-from vkv.cli.common import add_model_args, console, load_from_args
+from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.cli.eval import eval_units
 from vkv.errors import VkvError
-from vkv.settings import add_arguments
+from vkv.settings import add_arguments, from_args, nested, setting
+
+UNSCORED = ("max_new_tokens",)  # EvalSettings that validation has no use for, so no flag
+
+
+@dataclass
+class ValidateConfig:
+    model: ModelConfig = nested(ModelConfig)
+    window: int = setting(1024, "token windows for the model check", minimum=1)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -28,8 +41,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         problems += found.problems
         warnings += found.warnings
         checked.append(transcript)
-    if args.model and checked:
-        warnings += _validate_with_model(args, checked)
+    config = from_args(ValidateConfig, args)
+    if config.model.model and checked:
+        warnings += _validate_with_model(config, from_args(_eval_settings(), args), checked)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     for p in problems:
@@ -38,19 +52,26 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
-    from vkv.evals.runner import EvalSettings, TranscriptEval
+def _eval_settings() -> type:
+    from vkv.evals.runner import EvalSettings  # loads torch: kept out of `vkv --help`'s imports
 
-    lm = load_from_args(args)
+    return EvalSettings
+
+
+def _validate_with_model(config: ValidateConfig, scoring, transcripts) -> list[str]:
+    from vkv.evals.runner import TranscriptEval
+
+    lm = load_model_from(config.model)
+    min_gap, window = scoring.min_gap, config.window
     warnings = []
     counts: dict[str, list[int]] = {}  # split → [questions, usable]
     table = Table(title="no-context default and context gap per question")
     for col in ("window", "question", "no-context pick", "full-context pick", "gap (nats)"):
         table.add_column(col)
     for transcript in transcripts:
-        for unit, turns in eval_units(lm, [transcript.path], None, args.window, None):
+        for unit, turns in eval_units(lm, [transcript.path], None, window, None):
             with console.status(f"{unit.id}: full and none references"):
-                ev = TranscriptEval(lm, unit, turns, EvalSettings(min_gap=args.min_gap))
+                ev = TranscriptEval(lm, unit, turns, scoring)
             for pq, full, none in zip(ev.questions, ev.full, ev.none):
                 q = pq.question
                 options = list(q.choices) or list(q.accept[:1])
@@ -61,27 +82,23 @@ def _validate_with_model(args: argparse.Namespace, transcripts) -> list[str]:
                 table.add_row(unit.id, q.id, none_pick, full_pick, f"{gap:.2f}")
                 tally = counts.setdefault(transcript.split or "unsplit", [0, 0])
                 tally[0] += 1
-                tally[1] += gap >= args.min_gap
+                tally[1] += gap >= min_gap
                 if len(options) > 1 and none_pick == options[0]:
                     warnings.append(f"{unit.id}: {q.id}: the model already picks the right answer with no context")
-                if gap < args.min_gap:
-                    warnings.append(f"{unit.id}: {q.id}: full-vs-none gap {gap:.2f} nats is below {args.min_gap}")
+                if gap < min_gap:
+                    warnings.append(f"{unit.id}: {q.id}: full-vs-none gap {gap:.2f} nats is below {min_gap}")
     console.print(table)
     for split, (questions, usable) in sorted(counts.items()):
         console.print(
-            f"split {split}: {usable} of {questions} questions usable (full-vs-none gap ≥ {args.min_gap} "
-            f"nats in {args.window}-token windows)"
+            f"split {split}: {usable} of {questions} questions usable (full-vs-none gap ≥ {min_gap} "
+            f"nats in {window}-token windows)"
         )
     return warnings
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vkv.evals.runner import EvalSettings
-
     p = sub.add_parser("validate", help="check transcripts: schema, leakage, and with a model the context gap")
     p.set_defaults(run=cmd_validate)
     p.add_argument("transcripts", nargs="+")
-    add_model_args(p)
-    p.set_defaults(model=None)
-    p.add_argument("--window", type=int, default=1024, help="token windows for the model check")
-    add_arguments(p.add_argument_group("scoring"), EvalSettings, skip=("max_new_tokens",))
+    add_arguments(p, ValidateConfig)
+    add_arguments(p.add_argument_group("scoring"), _eval_settings(), skip=UNSCORED)

@@ -31,13 +31,17 @@ in flight; on start a trailing partial line is cut off and every run already in 
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich.console import Console
+from rich.table import Table
+
 from vkv.errors import VkvError
+from vkv.progress import make_progress
+from vkv.settings import check_ranges, setting
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
 from vkv.sweep.plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
 from vkv.sweep.results import ResultsFile, read_results, results_name
@@ -46,8 +50,8 @@ __all__ = [
     "Experiment",
     "ResultsFile",
     "Run",
+    "SweepConfig",
     "Unit",
-    "add_sweep_args",
     "build_method",
     "expand",
     "load_experiment",
@@ -61,23 +65,31 @@ __all__ = [
 ]
 
 
-def add_sweep_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="experiment file (experiments/*.toml)")
-    p.add_argument("--out", required=True, help="directory for results.jsonl (created; re-running resumes)")
-    p.add_argument("--shard", help="i/n: run every n-th run of the grid (default: RANK/WORLD_SIZE if set)")
-    p.add_argument("--save-caches", action="store_true", help="also save each run's spliced cache (large)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
-    p.add_argument("--attn", default="sdpa", choices=("sdpa", "eager"))
-    p.add_argument(
-        "--threads",
-        type=int,
-        help="CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
+@dataclass
+class SweepConfig:
+    """How `vkv sweep` runs an experiment file (its flags; the grid itself comes from the file)."""
+
+    out: str | None = setting(None, "directory for results.jsonl (created; re-running resumes)", required=True)
+    shard: str | None = setting(None, "i/n: run every n-th run of the grid (default: RANK/WORLD_SIZE if set)")
+    save_caches: bool = setting(False, "also save each run's spliced cache (large)")
+    device: str = setting("auto", "cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
+    attn: str = setting("sdpa", "attention implementation", choices=("sdpa", "eager"))
+    threads: int | None = setting(
+        None,
+        "CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
+        minimum=1,
     )
-    p.add_argument("--dry-run", action="store_true", help="list the runs this shard would do, then stop")
+    dry_run: bool = setting(False, "list the runs this shard would do, then stop")
+
+    def validate(self) -> SweepConfig:
+        if not self.out:
+            raise VkvError("--out is required: the directory for results.jsonl")
+        check_ranges(self)
+        return self
 
 
 def _device(arg: str) -> str:
-    import torch
+    import torch  # planning and reports import this package; only running a sweep needs torch
 
     local = os.environ.get("LOCAL_RANK")
     if arg == "auto" and local is not None and torch.cuda.is_available():
@@ -85,18 +97,16 @@ def _device(arg: str) -> str:
     return arg
 
 
-def run_sweep(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from vkv.progress import make_progress
-
+def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
+    """Run the experiment file's grid (this shard's runs not yet in the results files); 1 if any run failed."""
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for the tables
         console = Console(width=200)
-    experiment = load_experiment(args.config)
-    shard = parse_shard(args.shard)
-    device = _device(args.device)
-    out = Path(args.out)
+    config.validate()
+    experiment = load_experiment(experiment_path)
+    shard = parse_shard(config.shard)
+    device = _device(config.device)
+    out = Path(config.out)
     with console.status(f"{experiment.path}: expanding the grid"):
         runs = plan(experiment, device)
     mine = take_shard(runs, *shard)
@@ -107,20 +117,20 @@ def run_sweep(args: argparse.Namespace) -> int:
         f"{experiment.name} (transcript split: {split}): {len(runs)} runs in the grid, {len(mine)} in shard "
         f"{shard[0]}/{shard[1]}, {len(mine) - len(pending)} already done, {len(pending)} to run"
     )
-    if args.dry_run:
+    if config.dry_run:
         _print_plan(console, pending)
         return 0
     if not pending:
         return 0
-    from vkv.sweep.runner import SweepContext, execute, git_revision
+    from vkv.sweep.runner import SweepContext, execute, git_revision  # loads torch and the methods: only to run
 
-    if args.threads:
-        import torch
+    if config.threads:
+        import torch  # as in _device
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(config.threads)
     results = ResultsFile(out / results_name(*shard))
     errors = out / results_name(*shard).replace("results", "errors")
-    ctx = SweepContext(experiment, out, shard, device, args.attn, args.save_caches, git_revision())
+    ctx = SweepContext(experiment, out, shard, device, config.attn, config.save_caches, git_revision())
     try:
         with make_progress(console) as progress:
             failures = execute(ctx, pending, results, console, progress, lambda f: _log_failure(errors, f))
@@ -146,8 +156,6 @@ def _log_failure(path: Path, failure: dict) -> None:
 
 
 def _print_plan(console, runs: list[Run]) -> None:
-    from rich.table import Table
-
     table = Table(title="planned runs")
     for col in ("run id", "model", "quant", "unit", "method", "ratio", "seed", "options"):
         table.add_column(col)
@@ -165,14 +173,3 @@ def _print_plan(console, runs: list[Run]) -> None:
             options,
         )
     console.print(table)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vkv sweep", description="run an experiment grid, resumably")
-    add_sweep_args(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run_sweep(args)
-    except VkvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2

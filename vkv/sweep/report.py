@@ -7,15 +7,20 @@ seeds the way `vkv eval` pools them; a variant is a method plus the options that
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
 from vkv.errors import VkvError
+from vkv.io import write_text_atomic
+from vkv.settings import setting
+from vkv.sweep.results import read_results
 
 REFERENCES = ("full", "none")
 PLOTS = {"quality": "quality_vs_ratio.png", "loss": "loss_curves.png", "heatmap": "question_heatmap.png"}
@@ -30,8 +35,6 @@ class SweepResults:
 
 
 def load(directory: str | Path) -> SweepResults:
-    from vkv.sweep import read_results
-
     d = Path(directory)
     files = sorted(p.name for p in d.glob("results*.jsonl")) if d.is_dir() else []
     if not files:
@@ -136,7 +139,7 @@ def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], flo
 def rows(results: SweepResults) -> list[dict[str, Any]]:
     """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
     intervals for retention and choice accuracy from a bootstrap over windows."""
-    from vkv.evals.intervals import window_bootstrap
+    from vkv.evals.intervals import window_bootstrap  # these load torch: kept out of `vkv --help`
     from vkv.evals.metrics import mean
     from vkv.evals.summary import aggregate
 
@@ -168,7 +171,7 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
     """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
     at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
     on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval."""
-    from vkv.evals.intervals import paired_difference
+    from vkv.evals.intervals import paired_difference  # loads torch: kept out of `vkv --help`
 
     grouped = groups(results)
     matches = [key for key in grouped if key[0] == vs] or [
@@ -214,7 +217,7 @@ def _bucket(tokens: int) -> str:
 def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict]:
     """(columns, {(variant, ratio): {column: (mean retention, usable questions)}}) for `distance_tokens`
     (bucketed) or `kind`; questions without the field are left out."""
-    from vkv.evals.metrics import mean
+    from vkv.evals.metrics import mean  # loads torch: kept out of `vkv --help`
 
     label = _bucket if field_name == "distance_tokens" else str
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -310,7 +313,7 @@ def _breakdown_cells(columns: list[str], row: dict) -> list[str]:
 def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
     """(transcripts, (variant, ratio) rows in table order, {(variant, ratio, transcript): pooled row}): each
     transcript's windows pooled as in `vkv eval`."""
-    from vkv.evals.summary import aggregate, base_transcript
+    from vkv.evals.summary import aggregate, base_transcript  # loads torch: kept out of `vkv --help`
 
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for line in results.lines:
@@ -327,7 +330,7 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
     """(columns, rows, fractions): per window/question, the share of runs answering correctly per variant × ratio.
     Rows: questions the full context answers first, and among them those that survive most compression first,
     so the facts that degrade first sit at the bottom of the known ones."""
-    from vkv.evals.metrics import mean
+    from vkv.evals.metrics import mean  # loads torch: kept out of `vkv --help`
 
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     columns: dict[str, tuple] = {}
@@ -354,8 +357,6 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
 
 
 def print_tables(console, results: SweepResults, table_rows: list[dict], paired_rows: list[dict] | None = None) -> None:
-    from rich.table import Table
-
     sweeps = ", ".join(sorted({line["sweep"] for line in results.lines}))
     table = Table(
         title=f"{sweeps}, split {'+'.join(splits(results))}: {len(results.lines)} runs (pooled over "
@@ -419,7 +420,7 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
 def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]:
     """Write the PNGs that have data; returns their file names. Needs matplotlib (pip install 'vkv[plots]')."""
     try:
-        import matplotlib
+        import matplotlib  # optional dependency (vkv[plots])
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: F401
@@ -434,7 +435,7 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]
 
 
 def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency (vkv[plots]); plots() checks it is there
     import matplotlib.ticker
 
     metrics = (
@@ -475,7 +476,7 @@ def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> 
 
 
 def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional dependency, as above
 
     traced = defaultdict(list)
     for line in results.lines:
@@ -516,8 +517,7 @@ def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> b
 
 
 def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt
-    import numpy as np
+    import matplotlib.pyplot as plt  # optional dependency, as above
 
     cols, names, grid = per_question(results)
     if not names:
@@ -541,20 +541,43 @@ def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> 
 def markdown(
     results: SweepResults, table_rows: list[dict], images: list[str], paired_rows: list[dict] | None = None
 ) -> str:
+    """report.md: where the numbers come from, the results table, then each section that has data."""
+    out = _markdown_header(results) + _markdown_results(table_rows)
+    if paired_rows:
+        out += _markdown_paired(paired_rows)
+    out += _markdown_breakdowns(results, table_rows)
+    out += _markdown_plots(images)
+    out += _markdown_per_transcript(results) + _markdown_per_question(results)
+    if results.errors:
+        out += ["", "## Failed runs", ""]
+        out += [
+            f"- {e.get('unit', '')} {e.get('method', '')} {e.get('ratio') or ''}: {e.get('error')}"
+            for e in results.errors
+        ]
+    return "\n".join(out) + "\n"
+
+
+def _table_head(first: list[str], columns: list[str]) -> list[str]:
+    """A markdown table's header and rule: the `first` columns, then `columns`; all but the first right-aligned."""
+    head = [*first, *columns]
+    rule = ["---"] + ["---:"] * (len(head) - 1)
+    return ["| " + " | ".join(head) + " |", "|" + "|".join(rule) + "|"]
+
+
+def _markdown_header(results: SweepResults) -> list[str]:
+    lines = results.lines
     revisions = sorted(
         {
             (line["git"].get("revision") or "unknown")[:10] + ("+dirty" if line["git"].get("dirty") else "")
-            for line in results.lines
+            for line in lines
         }
     )
-    models = sorted(
-        {f"{line['run']['model']} ({line['identity']['quant']}, {line['device']})" for line in results.lines}
-    )
-    units = sorted({line["result"]["transcript"] for line in results.lines})
-    out = [
-        f"# Sweep report: {', '.join(sorted({line['sweep'] for line in results.lines}))}",
+    models = sorted({f"{line['run']['model']} ({line['identity']['quant']}, {line['device']})" for line in lines})
+    units = sorted({line["result"]["transcript"] for line in lines})
+    return [
+        f"# Sweep report: {', '.join(sorted({line['sweep'] for line in lines}))}",
         "",
-        f"{len(results.lines)} finished runs read from {', '.join(results.files)} in `{results.directory}`; every "
+        f"{len(lines)} finished runs read from {', '.join(results.files)} in `{results.directory}`; every "
         "number below comes from those files.",
         "",
         f"- transcript split: {', '.join(splits(results))}",
@@ -562,6 +585,11 @@ def markdown(
         f"- evaluated windows: {len(units)} ({', '.join(units)})",
         f"- code revisions: {', '.join(revisions)}",
         f"- failed runs: {len(results.errors)}",
+    ]
+
+
+def _markdown_results(table_rows: list[dict]) -> list[str]:
+    out = [
         "",
         "## Results",
         "",
@@ -576,66 +604,72 @@ def markdown(
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",
     ]
-    out += ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
-    if paired_rows:
-        out += [
-            "",
-            f"## Paired differences from {paired_rows[0]['reference'].split()[0]}",
-            "",
-            "Method minus reference, question by question on the questions both were scored on, at the same "
-            "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable).",
-            "",
-            "| " + " | ".join(PAIRED_COLUMNS) + " |",
-            "|---|---:|---|---:|---:|---:|---:|",
-        ]
-        out += ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
-    for field_name, title, note in (
-        (
-            "distance_tokens",
-            "Retention by distance",
-            "Mean retention of usable questions (and their count) by the number of tokens between the question's "
-            "nearest evidence (its latest source turn in the span) and the end of the compressed span.",
-        ),
-        ("kind", "Retention by question kind", "Mean retention of usable questions (and their count)."),
-    ):
+    return out + ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
+
+
+def _markdown_paired(paired_rows: list[dict]) -> list[str]:
+    out = [
+        "",
+        f"## Paired differences from {paired_rows[0]['reference'].split()[0]}",
+        "",
+        "Method minus reference, question by question on the questions both were scored on, at the same "
+        "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable).",
+        "",
+        "| " + " | ".join(PAIRED_COLUMNS) + " |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    return out + ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
+
+
+BREAKDOWNS = (  # (question field, section title, what the cells hold)
+    (
+        "distance_tokens",
+        "Retention by distance",
+        "Mean retention of usable questions (and their count) by the number of tokens between the question's "
+        "nearest evidence (its latest source turn in the span) and the end of the compressed span.",
+    ),
+    ("kind", "Retention by question kind", "Mean retention of usable questions (and their count)."),
+)
+
+
+def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[str]:
+    out = []
+    for field_name, title, note in BREAKDOWNS:
         columns, cells = breakdown(results, field_name)
-        if columns:
-            out += [
-                "",
-                f"## {title}",
-                "",
-                note,
-                "",
-                "| method | ratio | " + " | ".join(columns) + " |",
-                "|---|---:|" + "---:|" * len(columns),
-            ]
-            out += [
-                f"| {r['variant']} | {_cell(r, 'ratio_requested', '.1f')} | "
-                + " | ".join(_breakdown_cells(columns, cells[(r["variant"], r["ratio_requested"])]))
-                + " |"
-                for r in table_rows
-                if (r["variant"], r["ratio_requested"]) in cells
-            ]
-    captions = {
-        PLOTS["quality"]: "## Quality vs achieved ratio\n\nDashed: full context; dotted: no context.",
-        PLOTS["loss"]: "## Optimisation loss curves",
-        PLOTS["heatmap"]: "## Which facts degrade first\n\nShare of runs whose greedy answer passes the keyword "
-        "check, per question and column; rows with the fewest correct cells are at the bottom.",
-    }
+        if not columns:
+            continue
+        out += ["", f"## {title}", "", note, "", *_table_head(["method", "ratio"], columns)]
+        out += [
+            f"| {r['variant']} | {_cell(r, 'ratio_requested', '.1f')} | "
+            + " | ".join(_breakdown_cells(columns, cells[(r["variant"], r["ratio_requested"])]))
+            + " |"
+            for r in table_rows
+            if (r["variant"], r["ratio_requested"]) in cells
+        ]
+    return out
+
+
+CAPTIONS = {
+    PLOTS["quality"]: "## Quality vs achieved ratio\n\nDashed: full context; dotted: no context.",
+    PLOTS["loss"]: "## Optimisation loss curves",
+    PLOTS["heatmap"]: "## Which facts degrade first\n\nShare of runs whose greedy answer passes the keyword "
+    "check, per question and column; rows with the fewest correct cells are at the bottom.",
+}
+
+
+def _markdown_plots(images: list[str]) -> list[str]:
+    out = []
     for image in images:
-        out += ["", captions[image], "", f"![{image}]({image})"]
+        out += ["", CAPTIONS[image], "", f"![{image}]({image})"]
     if not images:
         out += ["", "_No plots: install matplotlib (`pip install 'vkv[plots]'`)._"]
+    return out
+
+
+def _markdown_per_transcript(results: SweepResults) -> list[str]:
     transcripts, keys, cells = per_transcript(results)
-    out += [
-        "",
-        "## Per transcript",
-        "",
-        "Mean retention / choice accuracy, each transcript's windows pooled.",
-        "",
-        "| method | ratio | " + " | ".join(transcripts) + " |",
-        "|---|---:|" + "---:|" * len(transcripts),
-    ]
+    out = ["", "## Per transcript", "", "Mean retention / choice accuracy, each transcript's windows pooled.", ""]
+    out += _table_head(["method", "ratio"], transcripts)
     for variant, ratio in keys:
         row = [cells.get((variant, ratio, t)) for t in transcripts]
         out.append(
@@ -646,52 +680,43 @@ def markdown(
             )
             + " |"
         )
+    return out
+
+
+def _markdown_per_question(results: SweepResults) -> list[str]:
     cols, names, grid = per_question(results)
-    out += [
-        "",
-        "## Per question (keyword-correct share)",
-        "",
-        "| window / question | " + " | ".join(cols) + " |",
-        "|---|" + "---:|" * len(cols),
-    ]
-    out += [
+    out = ["", "## Per question (keyword-correct share)", "", *_table_head(["window / question"], cols)]
+    return out + [
         f"| {n} | " + " | ".join("—" if v is None else f"{v:.2f}" for v in vals) + " |" for n, vals in zip(names, grid)
     ]
-    if results.errors:
-        out += ["", "## Failed runs", ""]
-        out += [
-            f"- {e.get('unit', '')} {e.get('method', '')} {e.get('ratio') or ''}: {e.get('error')}"
-            for e in results.errors
-        ]
-    return "\n".join(out) + "\n"
 
 
-# ---- command line ----------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------------
 
 
-def add_report_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("dir", help="a sweep's --out directory")
-    p.add_argument("--out", help="where to write report.md and the PNGs (default: DIR/report)")
-    p.add_argument(
-        "--vs",
-        metavar="METHOD",
-        help="also show every method's paired difference from this reference "
+@dataclass
+class ReportConfig:
+    """`vkv report DIR`'s flags (DIR, the sweep's results directory, is its positional argument)."""
+
+    out: str | None = setting(None, "where to write report.md and the PNGs (default: DIR/report)")
+    vs: str | None = setting(
+        None,
+        "also show every method's paired difference from this reference "
         "(a method, or a variant label as the table prints it), with 95%% intervals",
+        metavar="METHOD",
     )
 
 
-def run_report(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from vkv.io import write_text_atomic
-
+def run_report(directory: str | Path, config: ReportConfig | None = None) -> int:
+    """Print the tables for the sweep results in `directory`; write report.md and the PNGs."""
+    config = config or ReportConfig()
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for the tables
         console = Console(width=200)
-    results = load(args.dir)
-    out = Path(args.out) if args.out else results.directory / "report"
+    results = load(directory)
+    out = Path(config.out) if config.out else results.directory / "report"
     table_rows = rows(results)
-    paired_rows = paired(results, args.vs) if args.vs else None
+    paired_rows = paired(results, config.vs) if config.vs else None
     print_tables(console, results, table_rows, paired_rows)
     images = plots(results, table_rows, out)
     if not images:
@@ -699,17 +724,3 @@ def run_report(args: argparse.Namespace) -> int:
     write_text_atomic(out / "report.md", markdown(results, table_rows, images, paired_rows))
     console.print(f"wrote {out / 'report.md'}" + (f" and {', '.join(images)}" if images else ""))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vkv report", description=__doc__.splitlines()[0])
-    add_report_args(parser)
-    try:
-        return run_report(parser.parse_args(argv))
-    except VkvError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

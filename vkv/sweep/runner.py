@@ -3,6 +3,7 @@ window, then every run on it in grid order; each finished run appended to the re
 
 from __future__ import annotations
 
+import gc
 import itertools
 import platform
 import subprocess
@@ -14,12 +15,18 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.kv.file import cache_metadata, save_cache, transcript_record
+from vkv.lm.load import load_model
 from vkv.methods import METHODS
+from vkv.resources import peak_memory_mb, reset_peak_memory
 from vkv.sweep.grid import Experiment, build_method
 from vkv.sweep.plan import Run
 from vkv.sweep.results import ResultsFile
+from vkv.text.transcript import render
 
 
 def git_revision() -> dict[str, Any]:
@@ -104,18 +111,12 @@ class _Failures(list):
 
 
 def _free_memory() -> None:
-    import gc
-
-    import torch
-
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
 def _load(model: str, quant: str, ctx: SweepContext, console):
-    from vkv.lm.load import load_model
-
     with console.status(f"loading {model} ({quant})"):
         return load_model(model, quant=quant, device=ctx.device, attn_implementation=ctx.attn)
 
@@ -137,10 +138,6 @@ def _references(lm, run: Run, ctx: SweepContext, progress, failures: list) -> Sw
 
 
 def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, progress, failures: list) -> None:
-    import torch
-
-    from vkv.resources import peak_memory_mb, reset_peak_memory
-
     point = run.point
     label = f"{run.unit.label} {point['method']}" + (f" @ {point['ratio']}×" if point["ratio"] else "")
     reports_steps = METHODS[point["method"]].reports_steps
@@ -208,9 +205,6 @@ def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, 
 
 
 def _save_cache(ctx: SweepContext, lm, run: Run, spliced, result: dict) -> str:
-    from vkv.kv.file import cache_metadata, save_cache, transcript_record
-    from vkv.text.transcript import render
-
     path = ctx.out / "caches" / f"{run.id}.safetensors"
     t = run.unit.transcript
     record = transcript_record(t, result["turns"], len(render(t, lm.tokenizer).ids))

@@ -12,7 +12,6 @@ at the step's shapes), peak working memory, the memory plan's estimate, and a pr
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import gc
 import re
@@ -21,12 +20,16 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.table import Table
+from torch.profiler import ProfilerActivity, profile
 
-from vkv.compress.budget import DEFAULT_RATIO
+from vkv.compress.budget import DEFAULT_RATIO, span_budget
+from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import (
     Batch,
     OptimConfig,
@@ -37,12 +40,19 @@ from vkv.compress.optimise import (
     optimise,
     uses_bf16,
 )
+from vkv.compress.problem import SpanProblem
 from vkv.compress.targets import Targets
+from vkv.io import write_json_atomic
 from vkv.kv.prefix import KVPrefix
+from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.load import load_model
+from vkv.settings import check_ranges, setting
+from vkv.text.transcript import load_transcript, parse_turn_span, render
+from vkv.tools.memory import plan
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_SPANS = [  # a ~300-token span after a ~1400-token prefix; the fixture when the transcripts are absent
+DEFAULT_SPANS = [  # a span of a few hundred tokens after a long prefix; the fixture when the transcripts are absent
     (ROOT / "transcripts" / "dev" / "taskapi-express-sqlite.json", "turns:8-9"),
     (ROOT / "tests" / "fixtures" / "mini-agent.json", "turns:3-7"),
 ]
@@ -67,12 +77,6 @@ class Span:
 
 def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: float) -> Span:
     """Render, capture the span, build its problem with the default recipe: what `vkv compress` optimises."""
-    from vkv.compress.budget import span_budget
-    from vkv.compress.config import CompressConfig
-    from vkv.compress.problem import SpanProblem
-    from vkv.lm.capture import capture_span
-    from vkv.text.transcript import load_transcript, parse_turn_span, render
-
     transcript = load_transcript(transcript_path)
     rendered = render(transcript, lm.tokenizer)
     start, end = rendered.token_span(*parse_turn_span(span, transcript))
@@ -334,8 +338,6 @@ def peak_matmul(lm: FrozenLM, dtype: torch.dtype = torch.float32, size: int = 20
 
 def profile_step(run: Callable[[], None], rows: int = 14) -> tuple[str, dict[str, float]]:
     """torch.profiler table of `run()` (self time per op) and the share of self time in matmul kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
     run()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
@@ -395,56 +397,83 @@ def _eval_loss(lm: FrozenLM, span: Span, embeddings: torch.Tensor) -> float:
 
 def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimConfig, log=print) -> dict:
     """All runs for one loaded model; returns the JSON-ready record."""
-    from vkv.tools.memory import plan
-
     n, width = span.targets.k, span.prefix.length + span.targets.k
-    prefix_tensors = span.prefix.keys + span.prefix.values
     flops = step_flops(lm, n, width)
-
     same = OptimConfig(
         steps=steps, lr=lr, init="pooled", schedule="constant", patience=steps + 1, betas=(0.9, 0.999), precision="fp32"
     )
-    defaults = _with(tuned, steps=max(steps * 2, tuned.steps))
-    default_precision = "bf16" if uses_bf16(lm, defaults.precision) else "fp32"
+    defaults = replace(tuned, steps=max(steps * 2, tuned.steps))
+    x = span.targets.pooled_embeddings.detach().to(lm.device)
     log(f"  reference loop: {steps} steps")
+    runs = [_reference_run(lm, span, steps, lr, x)]
+    target, reference_seconds = runs[0].clock.losses[-1], runs[0].clock.times[-1]
+    for name, config in (("vkv, reference settings", same), ("vkv, defaults", replace(defaults, target_loss=target))):
+        log(f"  {name}")
+        runs.append(_vkv_run(lm, span, name, config, x))
+    log("  timing steps and the floor's matmuls in alternation, then profiling one step of each")
+    interleaved, profiles, floors = _alternate_and_profile(lm, span, x, same, defaults, flops["total"])
+    rows = []
+    for run in runs:
+        row = run.row(target, reference_seconds)
+        row.update(_interleaved_figures(row, interleaved, floors, reference_steps=len(runs[0].clock.losses) - 1))
+        rows.append(row)
+    return {
+        "quant": lm.quant,
+        "threads": torch.get_num_threads(),
+        "span": {
+            "transcript": span.transcript,
+            "tokens": [span.start, span.end],
+            "prefix": span.prefix.length,
+            "virtual_tokens": n,
+        },
+        "reference_final_loss": target,
+        "runs": rows,
+        "floor": {"gflop_per_step": flops["total"] / 1e9, **floors},
+        "plan": _plan_figures(lm, span),
+        "profile": {name: {"table": table, "shares": shares} for name, (table, shares) in profiles.items()},
+    }
+
+
+def _reference_run(lm: FrozenLM, span: Span, steps: int, lr: float, x: torch.Tensor) -> Run:
+    """The straightforward loop, its working memory, and what its graph keeps for backward."""
+    prefix_tensors = span.prefix.keys + span.prefix.values
     clock = StepClock()
     with working_memory(lm.device) as mem:
         final = reference_optimise(lm, *span.problem, steps=steps, lr=lr, on_step=clock)
-    x = span.targets.pooled_embeddings.detach().to(lm.device)
     saved = saved_activation_mb(
         lm, lambda: reference_losses(lm, *span.problem, x.clone().requires_grad_()).mean(), prefix_tensors
     )
-    runs = [Run("reference loop", clock, _eval_loss(lm, span, final), mem["mb"], saved, "steps", {"precision": "fp32"})]
-    target, reference_seconds = clock.losses[-1], clock.times[-1]
+    return Run("reference loop", clock, _eval_loss(lm, span, final), mem["mb"], saved, "steps", {"precision": "fp32"})
 
-    for name, config in (("vkv, reference settings", same), ("vkv, defaults", _with(defaults, target_loss=target))):
-        log(f"  {name}")
-        clock = StepClock()
-        with working_memory(lm.device) as mem:
-            result: OptimResult = optimise(lm, *span.problem, config, on_step=clock)
-        precision = "bf16" if uses_bf16(lm, config.precision) else "fp32"
-        with lm.compute_weights(torch.bfloat16 if precision == "bf16" else None):  # exist anyway: not kept
-            copies = lm.weight_copies() if precision == "bf16" else []
-            saved = saved_activation_mb(
-                lm, lambda config=config: vkv_loss_and_grad(lm, *span.problem, x, config), prefix_tensors + copies
-            )
-        settings = {k: getattr(config, k) for k in ("init", "lr", "schedule", "betas")}
-        runs.append(
-            Run(
-                name,
-                clock,
-                _eval_loss(lm, span, result.embeddings),
-                mem["mb"],
-                saved,
-                result.stopped,
-                {"precision": precision, "config": settings},
-            )
+
+def _vkv_run(lm: FrozenLM, span: Span, name: str, config: OptimConfig, x: torch.Tensor) -> Run:
+    """vkv's optimiser with `config`, its working memory, and what its graph keeps for backward."""
+    prefix_tensors = span.prefix.keys + span.prefix.values
+    clock = StepClock()
+    with working_memory(lm.device) as mem:
+        result: OptimResult = optimise(lm, *span.problem, config, on_step=clock)
+    precision = "bf16" if uses_bf16(lm, config.precision) else "fp32"
+    with lm.compute_weights(torch.bfloat16 if precision == "bf16" else None):  # exist anyway: not kept
+        copies = lm.weight_copies() if precision == "bf16" else []
+        saved = saved_activation_mb(
+            lm, lambda: vkv_loss_and_grad(lm, *span.problem, x, config), prefix_tensors + copies
         )
+    settings = {k: getattr(config, k) for k in ("init", "lr", "schedule", "betas")}
+    extra = {"precision": precision, "config": settings}
+    return Run(name, clock, _eval_loss(lm, span, result.embeddings), mem["mb"], saved, result.stopped, extra)
+
+
+def _alternate_and_profile(
+    lm: FrozenLM, span: Span, x: torch.Tensor, same: OptimConfig, defaults: OptimConfig, step_total_flops: int
+) -> tuple[dict[str, float], dict, dict]:
+    """One step of each contender and the floor's matmuls timed in alternation, a profile of each step, and the
+    compute floor per precision: (median seconds by name, profiles, floors)."""
+    n, width = span.targets.k, span.prefix.length + span.targets.k
+    default_precision = "bf16" if uses_bf16(lm, defaults.precision) else "fp32"
 
     def reference_step():
         reference_losses(lm, *span.problem, x.clone().requires_grad_()).mean().backward()
 
-    log("  timing steps and the floor's matmuls in alternation, then profiling one step of each")
     matmuls = {}
     for precision in sorted({"fp32", default_precision}):
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -470,10 +499,30 @@ def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimCon
         floors[precision] = {
             "gflops_at_step_shapes": at_shapes / 1e9,
             "gflops_peak": peak / 1e9,
-            "seconds_per_step": flops["total"] / at_shapes,
-            "seconds_per_step_at_peak": flops["total"] / peak,
+            "seconds_per_step": step_total_flops / at_shapes,
+            "seconds_per_step_at_peak": step_total_flops / peak,
         }
+    return interleaved, profiles, floors
 
+
+def _interleaved_figures(row: dict, interleaved: dict[str, float], floors: dict, reference_steps: int) -> dict:
+    """A run's figures from the alternating timing: its step time, speedup, distance from the floor, and time to
+    the reference's loss at those step times."""
+    step = interleaved[row["run"]]
+    reached = row["steps_to_reference_loss"]
+    return {
+        "interleaved_seconds_per_step": step,
+        "interleaved_step_speedup": interleaved["reference loop"] / step,
+        "step_over_floor": step / floors[row["precision"]]["seconds_per_step"],
+        "interleaved_time_to_loss_speedup": (
+            reference_steps * interleaved["reference loop"] / (reached * step) if reached else None
+        ),
+    }
+
+
+def _plan_figures(lm: FrozenLM, span: Span) -> dict:
+    """The memory plan's estimate for this span, beside the weights as loaded."""
+    n = span.targets.k
     estimate = plan(
         lm.model.config,
         quant=lm.quant,
@@ -483,50 +532,15 @@ def bench_quant(lm: FrozenLM, span: Span, steps: int, lr: float, tuned: OptimCon
         device=lm.device.type,
         precision="fp32",
     )
-    rows = []
-    reference_steps = len(runs[0].clock.losses) - 1
-    for run in runs:
-        row = run.row(target, reference_seconds)
-        step = interleaved[run.name]
-        row["interleaved_seconds_per_step"] = step
-        row["interleaved_step_speedup"] = interleaved["reference loop"] / step
-        row["step_over_floor"] = step / floors[row["precision"]]["seconds_per_step"]
-        reached = row["steps_to_reference_loss"]
-        row["interleaved_time_to_loss_speedup"] = (
-            reference_steps * interleaved["reference loop"] / (reached * step) if reached else None
-        )
-        rows.append(row)
     return {
-        "quant": lm.quant,
-        "threads": torch.get_num_threads(),
-        "span": {
-            "transcript": span.transcript,
-            "tokens": [span.start, span.end],
-            "prefix": span.prefix.length,
-            "virtual_tokens": n,
-        },
-        "reference_final_loss": target,
-        "runs": rows,
-        "floor": {"gflop_per_step": flops["total"] / 1e9, **floors},
-        "plan": {
-            "activations_mb": estimate.activations / 2**20,
-            "optimisation_working_mb": estimate.optimisation_working / 2**20,
-            "weights_mb": estimate.weights / 2**20,
-            "measured_weights_mb": sum(p.numel() * p.element_size() for p in lm.model.parameters()) / 2**20,
-        },
-        "profile": {name: {"table": table, "shares": shares} for name, (table, shares) in profiles.items()},
+        "activations_mb": estimate.activations / 2**20,
+        "optimisation_working_mb": estimate.optimisation_working / 2**20,
+        "weights_mb": estimate.weights / 2**20,
+        "measured_weights_mb": sum(p.numel() * p.element_size() for p in lm.model.parameters()) / 2**20,
     }
 
 
-def _with(config: OptimConfig, **changes) -> OptimConfig:
-    from dataclasses import replace
-
-    return replace(config, **changes)
-
-
 def results_tables(records: list[dict]):
-    from rich.table import Table
-
     runs = Table(title="vkv optimiser vs a straightforward loop (same span, same loss; one run)")
     for col in (
         "quant",
@@ -606,52 +620,51 @@ def _fmt(value, digits: int = 0, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
-# ---- CLI entry ------------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------------
 
 
-def add_bench_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2-135m", help="alias, directory or hub id (default: the test model)")
-    p.add_argument("--quants", default="fp32,8bit", help="comma-separated quantisations to run, one model load each")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--transcript", default=None, help="default: a bundled transcript, else the test fixture")
-    p.add_argument("--span", default=None, help="turns:A-B (default: a ~300-token span after a long prefix)")
-    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO)
-    p.add_argument("--steps", type=int, default=20, help="reference-loop steps; its final loss is the target")
-    p.add_argument("--lr", type=float, default=OptimConfig().lr)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: on a small machine shared with other jobs, multi-threaded "
+@dataclass
+class BenchConfig:
+    """`vkv bench optimizer`'s settings."""
+
+    model: str = setting("smollm2-135m", "alias, directory or hub id (default: the test model)")
+    quants: tuple[str, ...] = setting(("fp32", "8bit"), "quantisations to run, one model load each")
+    device: str = setting("cpu", "cpu, cuda or cuda:N")
+    transcript: str | None = setting(None, "default: a bundled transcript, else the test fixture")
+    span: str | None = setting(None, "turns:A-B (default: a ~300-token span after a long prefix)")
+    ratio: float = setting(DEFAULT_RATIO, "span tokens per virtual token", minimum=1, above=True)
+    steps: int = setting(20, "reference-loop steps; its final loss is the target", minimum=1)
+    lr: float = setting(OptimConfig().lr, "learning rate of both loops", minimum=0, above=True)
+    threads: int = setting(
+        1,
+        "torch threads (default 1: on a small machine shared with other jobs, multi-threaded "
         "small matmuls stall at their barriers)",
+        minimum=1,
     )
-    p.add_argument("--profile", action="store_true", help="also print the torch.profiler tables")
-    p.add_argument("--json", default="bench-optimizer.json", help="where to write the results")
+    profile: bool = setting(False, "also print the torch.profiler tables")
+    json: str = setting("bench-optimizer.json", "where to write the results")
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from vkv.io import write_json_atomic
-    from vkv.lm.load import load_model
-
+def run_bench(config: BenchConfig) -> int:
+    """Every quantisation of `config.quants` benchmarked in turn; prints the tables, writes the JSON."""
+    check_ranges(config)
     console = Console(width=None if sys.stdout.isatty() else 200)
-    torch.set_num_threads(args.threads)
-    transcript, span_spec = args.transcript, args.span
+    torch.set_num_threads(config.threads)
+    transcript, span_spec = config.transcript, config.span
     if transcript is None:
         transcript, default_span = next((p, s) for p, s in DEFAULT_SPANS if p.is_file())
         span_spec = span_spec or default_span
     start = time.perf_counter()
     records = []
-    for quant in [q.strip() for q in args.quants.split(",") if q.strip()]:
-        console.print(f"[bold]{args.model} {quant}[/] ({torch.get_num_threads()} thread(s))")
-        lm = load_model(args.model, quant=quant, device=args.device)
-        span = prepare_span(lm, transcript, span_spec or "turns:3-7", args.ratio)
+    for quant in config.quants:
+        console.print(f"[bold]{config.model} {quant}[/] ({torch.get_num_threads()} thread(s))")
+        lm = load_model(config.model, quant=quant, device=config.device)
+        span = prepare_span(lm, transcript, span_spec or "turns:3-7", config.ratio)
         console.print(
             f"  span tokens {span.start}-{span.end} → {span.targets.k} virtual tokens on a "
             f"{span.prefix.length}-token prefix"
         )
-        records.append(bench_quant(lm, span, args.steps, args.lr, OptimConfig(), log=console.print))
+        records.append(bench_quant(lm, span, config.steps, config.lr, OptimConfig(), log=console.print))
         del lm, span
         gc.collect()
     runs, floor = results_tables(records)
@@ -663,12 +676,12 @@ def run_bench(args: argparse.Namespace) -> int:
         "evaluated in fp32. Reference settings: pooled init, betas (0.9, 0.999), fp32."
     )
     console.print(floor)
-    if args.profile:
+    if config.profile:
         for rec in records:
             for name, profile in rec["profile"].items():
                 console.print(f"[bold]{rec['quant']}: one step, {name.replace('_', ' ')}[/]\n{profile['table']}")
     seconds = time.perf_counter() - start
     console.print(f"benchmark took {seconds:.0f} s")
-    write_json_atomic(args.json, {"model": args.model, "seconds": seconds, "records": records})
-    console.print(f"wrote {args.json}")
+    write_json_atomic(config.json, {"model": config.model, "seconds": seconds, "records": records})
+    console.print(f"wrote {config.json}")
     return 0

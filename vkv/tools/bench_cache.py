@@ -12,7 +12,6 @@ what to read.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import statistics
 import sys
@@ -33,7 +32,7 @@ from vkv.lm.frozen import FrozenLM
 from vkv.lm.load import load_model
 from vkv.lm.splice import splice
 from vkv.methods import get_method
-from vkv.settings import add_arguments, from_args, setting
+from vkv.settings import check_ranges, setting
 from vkv.text.transcript import load_transcript, render
 from vkv.text.windows import turn_windows, window_transcript
 from vkv.tools.bench import working_memory
@@ -95,27 +94,29 @@ def measure_layout(lm: FrozenLM, spliced, start: int, end: int, padded: bool, pr
     }
 
 
-def bench_window(lm, path: Path, tokens: int, methods, ratios, args: CacheBenchConfig, log) -> list[dict]:
+def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig, log) -> list[dict]:
+    """Every method and ratio of `config` on the window of `path` nearest `tokens` tokens, each layout measured in
+    alternation for `config.rounds` rounds."""
     window, rendered = pick_window(lm, path, tokens)
     start, end = rendered.token_span(*window.default_span())
-    work = span_work(lm, window, rendered, start, end, seed=args.seed)
-    prompt = question_ids(lm, args.question_tokens)
+    work = span_work(lm, window, rendered, start, end, seed=config.seed)
+    prompt = question_ids(lm, config.question_tokens)
     log(f"window {window.id}: {len(rendered.ids)} tokens, span {start}-{end} ({end - start} tokens)")
     full = splice(lm, work.kv, start, end, work.keep(list(range(end - start))), [])
     records = []
-    for method_name in methods:
-        for ratio in ratios:
+    for method_name in config.methods:
+        for ratio in config.ratios:
             method = get_method(method_name)
             started = time.perf_counter()
             spliced = splice(lm, work.kv, start, end, method.compress(work, ratio), [])
             seconds = time.perf_counter() - started
             runs: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
-            for _ in range(args.rounds):
+            for _ in range(config.rounds):
                 for layout in LAYOUTS:
                     cache = full if layout == "full" else spliced
                     gc.collect()
                     runs[layout].append(
-                        measure_layout(lm, cache, start, end, layout == "padded", prompt, args.new_tokens)
+                        measure_layout(lm, cache, start, end, layout == "padded", prompt, config.new_tokens)
                     )
             log(
                 f"  {method_name} {ratio}× compressed in {seconds:.1f} s, {time.perf_counter() - started:.0f} s with decoding"
@@ -219,39 +220,33 @@ class CacheBenchConfig:
     json: str = setting("bench-cache.json", "where to write the results")
 
 
-def add_bench_cache_args(p: argparse.ArgumentParser) -> None:
-    add_arguments(p, CacheBenchConfig)
-
-
-def run_bench_cache(args: argparse.Namespace) -> int:
-
+def run_bench_cache(config: CacheBenchConfig) -> int:
+    """Every window size of `config` benchmarked in turn on one loaded model; prints the table, writes the JSON."""
+    check_ranges(config)
     console = Console(width=None if sys.stdout.isatty() else 200)
-    args = from_args(CacheBenchConfig, args)
-    windows, methods, ratios = args.windows, args.methods, args.ratios
-    if not Path(args.transcript).is_file():
-        raise VkvError(f"{args.transcript}: no such transcript")
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
+    if not Path(config.transcript).is_file():
+        raise VkvError(f"{config.transcript}: no such transcript")
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
     started = time.perf_counter()
-    lm = load_model(args.model, quant=args.quant, device=args.device)
+    lm = load_model(config.model, quant=config.quant, device=config.device)
     records: list[dict[str, Any]] = []
-    for i, tokens in enumerate(windows, 1):
+    for i, tokens in enumerate(config.windows, 1):
         console.print(
-            f"[bold]window {i}/{len(windows)}[/] (~{tokens} tokens), {time.perf_counter() - started:.0f} s in"
+            f"[bold]window {i}/{len(config.windows)}[/] (~{tokens} tokens), {time.perf_counter() - started:.0f} s in"
         )
-        records += bench_window(lm, Path(args.transcript), tokens, methods, ratios, args, console.print)
+        records += bench_window(lm, Path(config.transcript), tokens, config, console.print)
     console.print(table(records))
     seconds = time.perf_counter() - started
-    config = asdict(args)
     write_json_atomic(
-        args.json,
+        config.json,
         {
-            "model": args.model,
+            "model": config.model,
             "device": str(lm.device),
             "seconds": round(seconds, 1),
-            "config": config,
+            "config": asdict(config),
             "records": records,
         },
     )
-    console.print(f"benchmark took {seconds:.0f} s; wrote {args.json}")
+    console.print(f"benchmark took {seconds:.0f} s; wrote {config.json}")
     return 0

@@ -10,13 +10,19 @@ weights plus the larger phase.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import asdict, dataclass
 
+from rich.console import Console
+from rich.table import Table
+
 from vkv.compress.budget import DEFAULT_RATIO, entries_at
+from vkv.compress.optimise import cpu_has_amx
 from vkv.errors import VkvError
+from vkv.io import write_json_atomic
+from vkv.lm.load import DEFAULT_MODEL, resolve_model_path
 from vkv.lm.spec import prefill_bytes, spec_from_config
+from vkv.settings import check_ranges, setting
 
 GIB = 2**30
 
@@ -75,13 +81,11 @@ class Shapes:
 
 def load_config(model: str):
     """A transformers config for a preset name, a vkv alias, a directory, or a cached hub id (never downloads)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # slow to import: kept out of reading `vkv plan`'s flags
 
     if model in PRESETS:
         settings = dict(PRESETS[model])
         return AutoConfig.for_model(settings.pop("model_type"), **settings)
-    from vkv.lm.load import resolve_model_path
-
     path, local = resolve_model_path(model)
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
@@ -225,7 +229,7 @@ def plan(
     config,
     quant: str = "8bit",
     window: int = 4096,
-    ratio: float = 3.2,
+    ratio: float = DEFAULT_RATIO,
     span: int | None = None,
     device: str = "cuda",
     batch: int = 1,
@@ -245,8 +249,6 @@ def plan(
     cuda = device.startswith("cuda")
     unquantised = 2 if cuda or quant in ("bf16", "fp16") else 4  # bitsandbytes on CUDA loads fp16 around int8
     if precision == "auto":
-        from vkv.compress.optimise import cpu_has_amx
-
         precision = "bf16" if cuda or (quant in ("fp32", "bf16", "fp16") and cpu_has_amx()) else "fp32"
     activation = 2 if precision == "bf16" else 4
     n = entries_at(span, ratio)
@@ -296,8 +298,6 @@ def plan(
 
 
 def plan_table(p: MemoryPlan):
-    from rich.table import Table
-
     title = (
         f"memory plan: {p.model} {p.quant} on {p.device} ({p.precision} activations), window {p.window}, "
         f"span {p.span} at ratio {p.ratio:g} → {p.virtual_tokens} virtual tokens"
@@ -323,67 +323,53 @@ def worst_span(config, window: int = 4096, step: int = 64, **kwargs) -> MemoryPl
     return max((plan(config, window=window, span=span, **kwargs) for span in spans), key=lambda p: p.peak)
 
 
-# ---- CLI entry ------------------------------------------------------------------------------------------
+# ---- the command ---------------------------------------------------------------------------------------
 
 
-def add_plan_args(p: argparse.ArgumentParser) -> None:
-    from vkv.lm.load import DEFAULT_MODEL
+@dataclass
+class PlanConfig:
+    """`vkv plan`'s settings: the compression to budget and the device's memory."""
 
-    p.add_argument("--model", default=DEFAULT_MODEL, help=f"preset ({', '.join(PRESETS)}), alias or directory")
-    p.add_argument("--quant", default="8bit", choices=tuple(WEIGHT_BYTES))
-    p.add_argument("--device", default="cuda", help="cuda (bf16 activations) or cpu (fp32)")
-    p.add_argument("--window", type=int, default=4096, help="context tokens the compression sees")
-    p.add_argument("--span", type=int, default=None, help="tokens compressed (default: the whole window)")
-    p.add_argument("--ratio", type=float, default=DEFAULT_RATIO)
-    p.add_argument(
-        "--precision",
-        default="auto",
+    model: str = setting(DEFAULT_MODEL, f"preset ({', '.join(PRESETS)}), alias or directory")
+    quant: str = setting("8bit", "quantisation of the weights", choices=tuple(WEIGHT_BYTES))
+    device: str = setting("cuda", "cuda (bf16 activations) or cpu (fp32)")
+    window: int = setting(4096, "context tokens the compression sees", minimum=1)
+    span: int | None = setting(None, "tokens compressed (default: the whole window)", minimum=1)
+    ratio: float = setting(DEFAULT_RATIO, "span tokens per virtual token", minimum=1)
+    precision: str = setting(
+        "auto",
+        "activations during optimisation (auto: bf16 on CUDA and AMX CPUs, else fp32)",
         choices=("auto", "fp32", "bf16"),
-        help="activations during optimisation (auto: bf16 on CUDA and AMX CPUs, else fp32)",
     )
-    p.add_argument("--batch", type=int, default=1, help="spans optimised together")
-    p.add_argument("--memory", type=float, default=32.0, help="device memory in GiB")
-    p.add_argument("--json", default=None, help="also write the plan here")
+    batch: int = setting(1, "spans optimised together", minimum=1)
+    memory: float = setting(32.0, "device memory in GiB", minimum=0, above=True)
+    json: str | None = setting(None, "also write the plan here")
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+def run_plan(config: PlanConfig) -> int:
+    """Print the plan of `config` and of the worst span in its window; 1 when the plan does not fit."""
+    check_ranges(config)
     console = Console(width=None if sys.stdout.isatty() else 120)
-    config = load_config(args.model)
-    p = plan(
-        config,
-        quant=args.quant,
-        window=args.window,
-        ratio=args.ratio,
-        span=args.span,
-        device=args.device,
-        batch=args.batch,
-        capacity_gib=args.memory,
-        name=args.model,
-        precision=args.precision,
+    model_config = load_config(config.model)
+    common = dict(
+        quant=config.quant,
+        ratio=config.ratio,
+        device=config.device,
+        batch=config.batch,
+        capacity_gib=config.memory,
+        name=config.model,
+        precision=config.precision,
     )
+    p = plan(model_config, window=config.window, span=config.span, **common)
     console.print(plan_table(p))
-    worst = worst_span(
-        config,
-        window=args.window,
-        quant=args.quant,
-        ratio=args.ratio,
-        device=args.device,
-        batch=args.batch,
-        capacity_gib=args.memory,
-        name=args.model,
-        precision=args.precision,
-    )
+    worst = worst_span(model_config, window=config.window, **common)
     verdict = "fits" if worst.peak <= worst.capacity else "does NOT fit"
     console.print(
-        f"worst span in a {args.window}-token window: {worst.span} tokens ({worst.virtual_tokens} virtual "
+        f"worst span in a {config.window}-token window: {worst.span} tokens ({worst.virtual_tokens} virtual "
         f"tokens attending to {worst.attention_width} keys) → peak {worst.peak / GIB:.2f} GiB, {verdict} "
-        f"in {args.memory:g} GiB"
+        f"in {config.memory:g} GiB"
     )
-    if args.json:
-        from vkv.io import write_json_atomic
-
-        write_json_atomic(args.json, {**p.to_dict(), "worst_span": worst.to_dict()})
-        console.print(f"wrote {args.json}")
+    if config.json:
+        write_json_atomic(config.json, {**p.to_dict(), "worst_span": worst.to_dict()})
+        console.print(f"wrote {config.json}")
     return 0 if p.peak <= p.capacity else 1

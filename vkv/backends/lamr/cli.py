@@ -1,32 +1,76 @@
 """What `vkv prune --backend lamr`, `vkv lamr build-corpus` and `vkv lamr train` call.
 
-Each function takes plain arguments (the CLI's flags), does the work, and returns a result object the
-caller prints; user mistakes raise VkvError with one sentence naming the file or field.
+Each function takes plain arguments (the CLI's flags, declared once as the fields of `CorpusCommandConfig` and
+`TrainCommandConfig`), does the work, and returns a result object the caller prints; user mistakes raise VkvError
+with one sentence naming the file or field.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from vkv.backends.base import PruneResult
+from vkv.backends.lamr.checkpoint import save_checkpoint
 from vkv.backends.lamr.corpus import CorpusConfig, build_corpus, default_sources, is_validation_file, python_files
+from vkv.backends.lamr.dataset import encode
 from vkv.backends.lamr.labels import LabelConfig
-from vkv.backends.lamr.model import LaMRConfig
+from vkv.backends.lamr.model import LaMRConfig, build_model
+from vkv.backends.lamr.pruner import LaMR, guess_language
 from vkv.backends.lamr.records import Record, read_records, write_records
-from vkv.backends.lamr.train import TrainConfig, TrainSummary
+from vkv.backends.lamr.train import TrainConfig, TrainSummary, fit
 from vkv.backends.source.languages import language_of_path
 from vkv.errors import VkvError
+from vkv.io import write_json_atomic
+from vkv.lm.load import resolve_device
+from vkv.settings import setting
+
+
+@dataclass
+class CorpusCommandConfig:
+    """`vkv lamr build-corpus`'s flags; `build_corpus_files` takes them as keywords (its defaults are these)."""
+
+    out: str | None = setting(None, "training records (.jsonl)", required=True)
+    val_out: str | None = setting(None, "validation records from disjoint files (.jsonl)")
+    sources: tuple[str, ...] | None = setting(None, "directories or files (default: the standard library)", many=True)
+    records: int = setting(2000, "training records to build", minimum=1)
+    val_records: int = setting(200, "validation records to build", minimum=0)
+    val_fraction: float = setting(0.2, "share of source files kept for validation", minimum=0)
+    min_lines: int = setting(12, "shortest snippet, in lines", minimum=1)
+    max_lines: int = setting(50, "longest snippet, in lines", minimum=1)
+    seed: int = setting(0, "seed of the snippet and query choices", minimum=0)
+
+
+@dataclass
+class TrainCommandConfig:
+    """`vkv lamr train`'s flags; `train_from_files` takes them as keywords (its defaults are these)."""
+
+    data: str | None = setting(None, "training records (.jsonl)", required=True)
+    backbone: str | None = setting(None, "alias, directory or hub id of a decoder LM", required=True)
+    out: str | None = setting(None, "checkpoint directory", required=True)
+    val_data: str | None = setting(None, "validation records (default: --val-fraction of --data held out)")
+    val_fraction: float = setting(0.1, "share of --data held out when --val-data is not given", minimum=0)
+    rubrics: tuple[str, ...] = setting(("semantic", "dependency"), "rubric names")
+    epochs: int = setting(3, "passes over the training records", minimum=1)
+    batch_size: int = setting(16, "records per step", minimum=1)
+    lr: float = setting(1e-4, "learning rate", minimum=0, above=True)
+    trainable_top_layers: int = setting(2, "0 freezes the backbone (features cached)", minimum=0)
+    max_length: int = setting(8192, "longest record, in tokens", minimum=1)
+    backbone_dtype: str = setting("float32", "the backbone's weights", choices=("float32", "bfloat16"))
+    device: str | None = setting(None, "cpu, cuda or cuda:N (default: cuda when available)")
+    seed: int = setting(0, "seed of the hold-out split and the heads' initialisation", minimum=0)
+
+
+CORPUS = CorpusCommandConfig()
+TRAIN = TrainCommandConfig()
 
 
 def language_for(path: Path, text: str) -> str | None:
     """The language its extension names if LaMR can parse that language; otherwise guessed from the text."""
-    from vkv.backends.lamr.pruner import guess_language
-
     language = language_of_path(path)
     return language.name if language is not None and language.grammar is not None else guess_language(text)
 
@@ -49,8 +93,6 @@ def prune_file(
 
     C is a vkv LaMR checkpoint directory or SWE-Pruner weights (model.safetensors, its directory, or the
     hub id ayanami-kitasan/code-pruner, which needs hub access)."""
-    from vkv.backends.lamr.pruner import LaMR
-
     source = Path(path)
     try:
         text = source.read_text(encoding="utf-8")
@@ -67,14 +109,14 @@ def build_corpus_files(
     *,
     val_out: str | Path | None = None,
     sources: Sequence[str | Path] | None = None,
-    records: int = 2000,
-    val_records: int = 200,
-    val_fraction: float = 0.2,
-    min_lines: int = 12,
-    max_lines: int = 50,
+    records: int = CORPUS.records,
+    val_records: int = CORPUS.val_records,
+    val_fraction: float = CORPUS.val_fraction,
+    min_lines: int = CORPUS.min_lines,
+    max_lines: int = CORPUS.max_lines,
     per_file: int = 3,
     queries_per_snippet: int = 2,
-    seed: int = 0,
+    seed: int = CORPUS.seed,
 ) -> dict:
     """`vkv lamr build-corpus --out corpus.jsonl [--val-out val.jsonl] [--sources DIR...] [--records N]
     [--val-records M] [--val-fraction F] [--min-lines A] [--max-lines B] [--per-file K]
@@ -125,19 +167,19 @@ def train_from_files(
     out: str | Path,
     *,
     val_data: str | Path | None = None,
-    val_fraction: float = 0.1,
-    rubrics: Sequence[str] = ("semantic", "dependency"),
-    epochs: int = 3,
-    batch_size: int = 16,
-    lr: float = 1e-4,
-    trainable_top_layers: int = 2,
-    max_length: int = 8192,
-    backbone_dtype: str = "float32",
+    val_fraction: float = TRAIN.val_fraction,
+    rubrics: Sequence[str] = TRAIN.rubrics,
+    epochs: int = TRAIN.epochs,
+    batch_size: int = TRAIN.batch_size,
+    lr: float = TRAIN.lr,
+    trainable_top_layers: int = TRAIN.trainable_top_layers,
+    max_length: int = TRAIN.max_length,
+    backbone_dtype: str = TRAIN.backbone_dtype,
     bf16_autocast: bool = False,
     threshold: float = 0.4,
     target: str | None = None,
-    device: str | None = None,
-    seed: int = 0,
+    device: str | None = TRAIN.device,
+    seed: int = TRAIN.seed,
     log: Callable[[str], None] = print,
     show_progress: bool = True,
 ) -> TrainSummary:
@@ -148,12 +190,6 @@ def train_from_files(
     Without `val_data`, `val_fraction` of the records (seeded) are held out. Writes the best epoch's
     checkpoint to `out` and returns the summary.
     """
-    from vkv.backends.lamr.checkpoint import save_checkpoint
-    from vkv.backends.lamr.dataset import encode
-    from vkv.backends.lamr.model import build_model
-    from vkv.backends.lamr.train import fit
-    from vkv.lm.load import resolve_device
-
     train_records = read_records(data)
     if val_data is not None:
         val_records = read_records(val_data)
@@ -184,8 +220,8 @@ def train_from_files(
         out,
         {
             "training": summary.to_dict(),
-            "train_config": _plain(train_config),
-            "label_config": _plain(label_config),
+            "train_config": asdict(train_config),
+            "label_config": asdict(label_config),
             "data": str(data),
         },
     )
@@ -202,39 +238,23 @@ def _hold_out(records: list[Record], fraction: float, seed: int) -> tuple[list[R
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
-def _plain(config) -> dict:
-    from dataclasses import asdict
-
-    return asdict(config)
+# ---- what `vkv prune --backend lamr` prints -------------------------------------------------------------
 
 
-# ---- argparse glue for vkv.cli ------------------------------------------------------------------------------
-
-
-def run_prune(args) -> dict:
-    """`vkv prune FILE --backend lamr ...` from parsed flags; the payload `vkv prune` prints and `--json` keeps."""
-    from vkv.io import write_json_atomic
-
-    if not getattr(args, "checkpoint", None):
-        raise VkvError(
-            "--checkpoint is required for the lamr backend (a vkv LaMR checkpoint directory, or "
-            "SWE-Pruner's model.safetensors)"
-        )
-    result = prune_file(
-        args.file,
-        checkpoint=args.checkpoint,
-        query=args.query,
-        threshold=args.threshold,
-        budget=args.budget,
-        ratio=args.ratio,
-        language=args.language,
-        repair=not getattr(args, "no_repair", False),
-        device=getattr(args, "device", None),
-    )
+def prune_payload(
+    path: str | Path,
+    *,
+    checkpoint: str | Path,
+    query: str,
+    json_path: str | Path | None = None,
+    **options,
+) -> dict:
+    """`prune_file` (with its keyword `options`) as the payload `vkv prune` prints; also written to `json_path`."""
+    result = prune_file(path, checkpoint=checkpoint, query=query, **options)
     payload = {
-        "file": str(args.file),
+        "file": str(path),
         "backend": "lamr",
-        "query": args.query,
+        "query": query,
         "text": result.text,
         "original_tokens": result.original_tokens,
         "compressed_tokens": result.compressed_tokens,
@@ -242,83 +262,6 @@ def run_prune(args) -> dict:
         "kept_lines": result.kept_lines,
         "report": result.report,
     }
-    if getattr(args, "json", None):
-        write_json_atomic(args.json, payload)
+    if json_path:
+        write_json_atomic(json_path, payload)
     return payload
-
-
-def add_lamr_commands(sub):
-    """`vkv lamr build-corpus` and `vkv lamr train`; returns the `lamr` parser."""
-    p = sub.add_parser("lamr", help="LaMR: build a synthetic training corpus, train a pruner")
-    lsub = p.add_subparsers(dest="lamr_command", required=True)
-    b = lsub.add_parser("build-corpus", help="SWE-Pruner-format records from local Python sources (AST analysis)")
-    b.add_argument("--out", required=True, help="training records (.jsonl)")
-    b.add_argument("--val-out", help="validation records from disjoint files (.jsonl)")
-    b.add_argument("--sources", nargs="*", help="directories or files (default: the standard library)")
-    b.add_argument("--records", type=int, default=2000)
-    b.add_argument("--val-records", type=int, default=200)
-    b.add_argument("--val-fraction", type=float, default=0.2, help="share of source files kept for validation")
-    b.add_argument("--min-lines", type=int, default=12)
-    b.add_argument("--max-lines", type=int, default=50)
-    b.add_argument("--seed", type=int, default=0)
-    t = lsub.add_parser("train", help="train LaMR heads (and the top backbone layers) on records")
-    t.add_argument("--data", required=True, help="training records (.jsonl)")
-    t.add_argument("--backbone", required=True, help="alias, directory or hub id of a decoder LM")
-    t.add_argument("--out", required=True, help="checkpoint directory")
-    t.add_argument("--val-data", help="validation records (default: --val-fraction of --data held out)")
-    t.add_argument("--val-fraction", type=float, default=0.1)
-    t.add_argument("--rubrics", default="semantic,dependency", help="comma-separated rubric names")
-    t.add_argument("--epochs", type=int, default=3)
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--trainable-top-layers", type=int, default=2, help="0 freezes the backbone (features cached)")
-    t.add_argument("--max-length", type=int, default=8192)
-    t.add_argument("--backbone-dtype", default="float32", choices=("float32", "bfloat16"))
-    t.add_argument("--device", default=None)
-    t.add_argument("--seed", type=int, default=0)
-    return p
-
-
-def run_lamr(args, console) -> int:
-    if args.lamr_command == "build-corpus":
-        summary = build_corpus_files(
-            args.out,
-            val_out=args.val_out,
-            sources=args.sources,
-            records=args.records,
-            val_records=args.val_records,
-            val_fraction=args.val_fraction,
-            min_lines=args.min_lines,
-            max_lines=args.max_lines,
-            seed=args.seed,
-        )
-        for split, counts in summary.items():
-            console.print(
-                f"{split}: {counts['records']} records ({counts['positives']} relevant, "
-                f"{counts['negatives']} not) from {counts['source_files']} files → {counts['path']}"
-            )
-        return 0
-    rubrics = tuple(r.strip() for r in args.rubrics.split(",") if r.strip())
-    summary = train_from_files(
-        args.data,
-        args.backbone,
-        args.out,
-        val_data=args.val_data,
-        val_fraction=args.val_fraction,
-        rubrics=rubrics,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        trainable_top_layers=args.trainable_top_layers,
-        max_length=args.max_length,
-        backbone_dtype=args.backbone_dtype,
-        device=args.device,
-        seed=args.seed,
-        log=console.print,
-    )
-    best = summary.best_val.get("f1")
-    console.print(
-        f"wrote {args.out}: {summary.steps} steps, best validation token F1 "
-        f"{'-' if best is None else f'{best:.3f}'} (fused target: {summary.fused_target})"
-    )
-    return 0

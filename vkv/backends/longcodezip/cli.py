@@ -1,12 +1,9 @@
-"""What `vkv prune FILE --backend longcodezip …` calls.
-
-`prune_file` takes plain keyword arguments; `run_prune(args)` maps an argparse namespace onto it
-(optional attributes the main parser does not define fall back to defaults). User mistakes raise VkvError.
+"""What `vkv prune FILE --backend longcodezip …` calls: `prune_file`, with plain keyword arguments (vkv.cli.prune
+maps the command's config onto them). User mistakes raise VkvError.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
@@ -67,39 +64,3 @@ def prune_file(
     if json_path:
         write_json_atomic(json_path, payload)
     return payload
-
-
-def run_prune(args: argparse.Namespace, lm: FrozenLM | None = None, line_lm: FrozenLM | None = None) -> dict[str, Any]:
-    """`prune_file` from parsed flags: file, query, ratio, budget, language, rank_only, json, and
-    optionally model, line_model, quant, device, alpha, beta, fine_keep, max_chunk_tokens."""
-    return prune_file(
-        args.file,
-        query=_option(args, "query", None),
-        budget=_option(args, "budget", None),
-        ratio=_option(args, "ratio", None),
-        language=_option(args, "language", None),
-        settings=settings_from_args(args),
-        model=_option(args, "model", DEFAULT_MODEL),
-        line_model=_option(args, "line_model", None),
-        quant=_option(args, "quant", "auto"),
-        device=_option(args, "device", None),
-        json_path=_option(args, "json", None),
-        lm=lm,
-        line_lm=line_lm,
-    )
-
-
-def settings_from_args(args: argparse.Namespace) -> LongCodeZipSettings:
-    defaults = LongCodeZipSettings()
-    return LongCodeZipSettings(
-        alpha=_option(args, "alpha", defaults.alpha),
-        beta=_option(args, "beta", defaults.beta),
-        fine_keep=_option(args, "fine_keep", defaults.fine_keep),
-        rank_only=bool(_option(args, "rank_only", False)),
-        max_chunk_tokens=_option(args, "max_chunk_tokens", defaults.max_chunk_tokens),
-    )
-
-
-def _option(args: argparse.Namespace, name: str, default):
-    value = getattr(args, name, None)
-    return default if value is None else value
