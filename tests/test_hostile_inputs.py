@@ -110,7 +110,7 @@ def test_a_ratio_above_the_span_length_is_refused_not_clamped(tmp_path, capsys, 
     def never(args):
         raise AssertionError("the model was loaded before the ratio was checked")
 
-    monkeypatch.setattr("vkv.cli.compress.load_from_args", never)
+    monkeypatch.setattr("vkv.cli.compress.load_model_from", never)
     code = main(["compress", str(TRANSCRIPT), *MODEL, "--ratio", "1e9", "--out", str(tmp_path / "c.safetensors")])
     err = capsys.readouterr().err.replace("\n", " ")
     assert code == 2 and "field ratio" in err and "Traceback" not in err

@@ -3,20 +3,38 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from vkv.cli.common import (
-    add_model_args,
-    console,
-    key_value_table,
-    load_from_args,
-    tokenizer_for,
-    write_json,
-)
+from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.settings import add_arguments, bounded, flat_settings, from_flat
+from vkv.lm.load import DEFAULT_MODEL
+from vkv.settings import add_arguments, flat_settings, from_args, from_flat, nested, setting
+
+
+@dataclass
+class CompressCommand:
+    """`vkv compress`'s own settings: the model, the span, its ratio and where the cache goes (the recipe's are
+    CompressConfig's and MultiTurnConfig's)."""
+
+    model: ModelConfig = nested(ModelConfig)
+    ratio: float = setting(DEFAULT_RATIO, "span tokens per entry (above 1)", minimum=1, above=True)
+    span: str | None = setting(None, "turns:A-B (inclusive message indices); default: all after the system message")
+    sequential: bool = setting(False, "compress each message of the span on its own, in order")
+    window: int | None = setting(None, "compress one turn window of at most this many tokens", minimum=1)
+    window_index: int = setting(
+        0, "which of the windows that carry questions, in transcript order (0: the first)", minimum=0
+    )
+    out: str | None = setting(None, "cache file to write (.safetensors)", required=True)
+    store: str = setting(
+        "kv",
+        "kv: every segment's keys and values; embeddings: verbatim token ids and virtual embeddings only, many times "
+        "smaller, K/V rebuilt by forward passes when the file is loaded with the model",
+        metavar="kv|embeddings",
+    )
+    json: str | None = setting(None, "also write the summary, config and per-layer loss here")
 
 
 def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
@@ -42,28 +60,30 @@ def cmd_compress(args: argparse.Namespace) -> int:
     from vkv.progress import step_bar
     from vkv.text.transcript import load_transcript, parse_turn_span, render
 
-    plan = recipe_from_args(args)
+    command, plan = from_args(CompressCommand, args), recipe_from_args(args)
     config = plan.compress
-    check_store(args.store, plan)
+    check_store(command.store, plan)
     transcript = load_transcript(args.transcript)
     if config.pooling == "attention":
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
-    tokenizer = tokenizer_for(args.model)  # the span's length, and so a ratio it cannot take, known before the model
-    if args.window:
-        transcript = _pick_window(tokenizer, transcript, args.window, args.window_index)
-    turns = parse_turn_span(args.span, transcript)
+    tokenizer = tokenizer_for(
+        command.model.model or DEFAULT_MODEL
+    )  # the span's length, and so a ratio it cannot take, known before the model
+    if command.window:
+        transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
+    turns = parse_turn_span(command.span, transcript)
     start, end = render(transcript, tokenizer).token_span(*turns)
     if not plan.auto_ratio:
-        span_budget(end - start, args.ratio)
-    lm = load_from_args(args)
-    if args.sequential or plan.keep_verbatim or plan.auto_ratio:
-        return _compress_multiturn(args, lm, transcript, turns, plan)
+        span_budget(end - start, command.ratio)
+    lm = load_model_from(command.model)
+    if command.sequential or plan.keep_verbatim or plan.auto_ratio:
+        return _compress_multiturn(command, lm, transcript, turns, plan)
     with step_bar(
         f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
     ) as on_step:
-        spliced = compress_transcript(lm, transcript, turns, args.ratio, config, on_step=on_step)
-    save_with_store(spliced, args, lm, transcript)
+        spliced = compress_transcript(lm, transcript, turns, command.ratio, config, on_step=on_step)
+    save_with_store(spliced, command, lm, transcript)
     virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
     summary = {
         "span_tokens": virtual.original_tokens,
@@ -75,16 +95,16 @@ def cmd_compress(args: argparse.Namespace) -> int:
         "stopped": virtual.stats["stopped"],
         "seconds": round(virtual.stats["seconds"], 2),
         "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
-        "cache": args.out,
-        "store": args.store,
-        **_memory(args.out),
+        "cache": command.out,
+        "store": command.store,
+        **_memory(command.out),
     }
     console.print(key_value_table("vkv compress", summary))
     write_json(
-        args.json,
+        command.json,
         {
             **summary,
-            "ratio": args.ratio,
+            "ratio": command.ratio,
             "config": config.to_dict(),
             "segments": spliced.table(),
             "per_layer_loss": virtual.stats["per_layer_loss"],
@@ -93,17 +113,19 @@ def cmd_compress(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compress_multiturn(args, lm, transcript, turns, plan) -> int:
+def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -> int:
     from vkv.compress.sequential import compress_transcript_turns
     from vkv.kv.file import read_header
     from vkv.kv.report import report_rows, report_table
 
     with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
-        spliced = compress_transcript_turns(lm, transcript, turns, args.ratio, plan, args.sequential)
-    save_with_store(spliced, args, lm, transcript)
-    rows = report_rows(read_header(args.out))
+        spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, command.sequential)
+    save_with_store(spliced, command, lm, transcript)
+    rows = report_rows(read_header(command.out))
     console.print(report_table(rows))
-    write_json(args.json, {"ratio": args.ratio, "config": plan.to_dict(), "segments": spliced.table(), "report": rows})
+    write_json(
+        command.json, {"ratio": command.ratio, "config": plan.to_dict(), "segments": spliced.table(), "report": rows}
+    )
     return 0
 
 
@@ -137,13 +159,13 @@ def check_store(store: str, plan: MultiTurnConfig) -> None:
         )
 
 
-def save_with_store(spliced, args: argparse.Namespace, lm, transcript) -> None:
+def save_with_store(spliced, command: CompressCommand, lm, transcript) -> None:
     """Write the cache as --store says; an embeddings-only file needs the rendered ids of its verbatim segments."""
     from vkv.compress.single import render_within_positions
     from vkv.kv.file import save_cache
 
-    ids = render_within_positions(lm, transcript).ids if args.store == "embeddings" else None
-    save_cache(spliced, args.out, store=args.store, ids=ids)
+    ids = render_within_positions(lm, transcript).ids if command.store == "embeddings" else None
+    save_cache(spliced, command.out, store=command.store, ids=ids)
 
 
 def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
@@ -161,26 +183,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compress", help="compress a transcript span into virtual tokens; save a cache file")
     p.set_defaults(run=cmd_compress, outputs=("out", "json"))
     p.add_argument("transcript")
-    add_model_args(p)
-    p.add_argument(
-        "--ratio", type=bounded(float, 1, above=True), default=DEFAULT_RATIO, help="span tokens per entry (above 1)"
-    )
-    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
-    p.add_argument("--sequential", action="store_true", help="compress each message of the span on its own, in order")
+    add_arguments(p, CompressCommand)
     add_recipe_args(p)
-    p.add_argument("--window", type=bounded(int, 1), help="compress one turn window of at most this many tokens")
-    p.add_argument(
-        "--window-index",
-        type=bounded(int, 0),
-        default=0,
-        help="which of the windows that carry questions, in transcript order (0: the first)",
-    )
-    p.add_argument("--out", required=True, help="cache file to write (.safetensors)")
-    p.add_argument(
-        "--store",
-        default="kv",
-        metavar="kv|embeddings",
-        help="kv: every segment's keys and values (default); embeddings: verbatim token ids and virtual embeddings "
-        "only, many times smaller, K/V rebuilt by forward passes when the file is loaded with the model",
-    )
-    p.add_argument("--json", help="also write the summary, config and per-layer loss here")

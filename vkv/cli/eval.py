@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from vkv.cli.common import add_model_args, console, load_from_args, parse_list, write_json
+from vkv.cli.common import ModelConfig, console, load_model_from, write_json
 from vkv.cli.compress import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.methods import METHODS
-from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, range_problem
+from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, nested, setting
 
 
 def eval_units(
@@ -40,6 +40,28 @@ def eval_units(
             yield transcript, parse_turn_span(span, transcript)
 
 
+@dataclass
+class EvalCommand:
+    """`vkv eval`'s own settings: the model, the methods and ratios, the evaluated units and the outputs (the recipe's,
+    the methods' options and the scoring's are their own configs')."""
+
+    model: ModelConfig = nested(ModelConfig)
+    method: tuple[str, ...] = setting(("full", "none", "truncate", "vkv"), "methods", metavar="M,M,…")
+    ratio: tuple[float, ...] = setting(
+        (DEFAULT_RATIO,), "compression ratios (span tokens per entry)", minimum=1, above=True
+    )
+    span: str | None = setting(None, "turns:A-B (inclusive message indices); default: all after the system message")
+    window: int | None = setting(None, "cut transcripts into turn windows of at most this many tokens", minimum=1)
+    max_windows: int | None = setting(None, "evaluate only the windows with the most questions", minimum=1)
+    span_only: bool = setting(
+        False,
+        "evaluate the --span turns as their own window: system message + those turns, later turns dropped, questions "
+        "first answered there",
+    )
+    cache: str | None = setting(None, "also evaluate this compressed cache file")
+    json: str | None = setting(None, "write the eval JSON (a list of results) here")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from vkv.evals.runner import TranscriptEval
     from vkv.evals.summary import aggregate
@@ -47,27 +69,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from vkv.progress import step_bar
     from vkv.text.transcript import render
 
-    methods = parse_list(args.method, str, "method")
+    command = from_args(EvalCommand, args)
+    methods = command.method
     for name in methods:
         if name not in METHODS:
             raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
     options = given_options(args, [METHODS[name] for name in methods])
-    ratios = parse_list(args.ratio, float, "ratio")
-    problem = range_problem(ratios, 1, above=True)
-    if problem:
-        raise VkvError(f"--ratio: every ratio {problem}")
+    ratios = command.ratio
     recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
-    lm = load_from_args(args)
+    lm = load_model_from(command.model)
     results = []
-    for transcript, turns in eval_units(lm, args.transcripts, args.span, args.window, args.max_windows, args.span_only):
+    for transcript, turns in eval_units(
+        lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only
+    ):
         start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
         for ratio in ratios if any(METHODS[name].uses_ratio for name in methods) else []:
             span_budget(end - start, ratio)  # before the references' prefill
         with console.status(f"{transcript.id}: full and none references"):
             evaluation = TranscriptEval(lm, transcript, turns, settings)
-        if args.cache:
-            results.append(evaluation.evaluate_cache(load_cache(args.cache, lm)))
+        if command.cache:
+            results.append(evaluation.evaluate_cache(load_cache(command.cache, lm)))
         for name in methods:
             method = build_method(METHODS[name], recipe, args, options)
             for ratio in ratios if method.uses_ratio else [None]:
@@ -78,7 +100,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 else:
                     with console.status(label):
                         results.append(evaluation.evaluate(method, ratio))
-        write_json(args.json, results) if args.json else None
+        write_json(command.json, results) if command.json else None
     _print_eval(results, aggregate(results))
     return 0
 
@@ -222,24 +244,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="score methods on transcripts with the factual-recall questions")
     p.set_defaults(run=cmd_eval, outputs=("json",))
     p.add_argument("transcripts", nargs="+")
-    add_model_args(p)
-    p.add_argument("--method", default="full,none,truncate,vkv", help="comma-separated methods")
-    p.add_argument(
-        "--ratio", default=str(DEFAULT_RATIO), help="comma-separated compression ratios (span tokens per entry)"
-    )
-    p.add_argument("--span", help="turns:A-B (inclusive message indices); default: all after the system message")
+    add_arguments(p, EvalCommand)
     add_recipe_args(p, skip=("head_budget",))  # one --head-budget flag, with the methods' options below
-    p.add_argument(
-        "--window", type=bounded(int, 1), help="cut transcripts into turn windows of at most this many tokens"
-    )
-    p.add_argument("--max-windows", type=bounded(int, 1), help="evaluate only the windows with the most questions")
-    p.add_argument(
-        "--span-only",
-        action="store_true",
-        help="evaluate the --span turns as their own window: system message + those turns, later turns "
-        "dropped, questions first answered there",
-    )
     add_method_args(p)
-    p.add_argument("--cache", help="also evaluate this compressed cache file")
     add_arguments(p.add_argument_group("scoring"), EvalSettings)
-    p.add_argument("--json", help="write the eval JSON (a list of results) here")
