@@ -9,6 +9,8 @@ The public API, imported on first use (so `import vkv` stays light):
     session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
 """
 
+from importlib import import_module
+
 __version__ = "0.1.0"
 
 _API = {
@@ -35,7 +37,5 @@ __all__ = ["__version__", *_API]
 
 def __getattr__(name: str):
     if name in _API:
-        from importlib import import_module
-
         return getattr(import_module(_API[name]), name)
     raise AttributeError(f"module 'vkv' has no attribute {name!r}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vkv.errors import VkvError
+
 
 @dataclass
 class PruneResult:
@@ -37,8 +39,6 @@ class TextPruner(Protocol):
 
 def token_budget(original_tokens: int, budget: int | None, ratio: float | None) -> int:
     """Resolve exactly one of an absolute token budget or a compression ratio ≥ 1 into a token budget."""
-    from vkv.errors import VkvError
-
     if (budget is None) == (ratio is None):
         raise VkvError("give exactly one of a token budget or a compression ratio")
     if ratio is not None:

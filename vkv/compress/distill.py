@@ -16,6 +16,9 @@ import torch
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import RaggedCache
+from vkv.kv.segment import verbatim_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import check_ranges, setting
 
@@ -127,10 +130,6 @@ def _logprobs(lm: FrozenLM, context: KVPrefix, position: int, ids: list[int]) ->
 
 def _greedy(lm: FrozenLM, context: KVPrefix, position: int, prompt: list[int], max_new: int) -> list[int]:
     """The full-context model's own greedy answer to the prompt (stops at an end-of-turn token)."""
-    from vkv.kv.segment import verbatim_segment
-    from vkv.kv.spliced import SplicedCache
-    from vkv.lm.context import Context
-
     spliced = SplicedCache()
     spliced.append(verbatim_segment(context, 0))
     spliced.next_position = position

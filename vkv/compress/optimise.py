@@ -32,9 +32,9 @@ ADAM_EPS = 1e-8  # torch.optim.Adam's
 
 @dataclass
 class OptimConfig:
-    # Chosen on the dev split (evals/RESULTS.md, issue 19 levers 4 and 6): 25 steps vs 100, −0.013 [−0.032, +0.009]
-    # retention at 3.6x less time; with head-wise shares (the default), 15 vs 25 +0.005 [−0.009, +0.020] and 10 vs 25
-    # −0.010 [−0.031, +0.010]; with oversample 3 (the default), 10 vs 15 +0.001 n.s.; 300 lower the loss, not retention
+    # Chosen on the dev split: fewer steps lost no retention the intervals separate while the time falls with them,
+    # and more steps lower the loss but not retention. Evidence in evals/RESULTS.md, sections 'Virtual tokens
+    # against the anchors' (levers 4, 6c and 6d) and 'Stage 1: one lever at a time, 3.2×' (optimisation budget).
     steps: int = setting(10, "Adam steps on the virtual embeddings", minimum=0)
     lr: float = setting(1e-2, "Adam's learning rate", minimum=0, above=True)
     init: str = setting(
@@ -61,7 +61,7 @@ class OptimConfig:
         PRECISIONS,
     )
     betas: tuple[float, float] = setting(
-        (0.8, 0.95), "Adam's betas, each below 1; reach a loss in ~2/3 the steps of 0.9,0.999", minimum=0
+        (0.8, 0.95), "Adam's betas, each below 1; reach a given loss in fewer steps than 0.9,0.999", minimum=0
     )
     target_loss: float | None = setting(None, "stop as soon as the loss is at or below this", minimum=0)
 
@@ -460,81 +460,128 @@ def optimise_batch(
         return []
     start_time = time.perf_counter()
     batch = Batch.build(lm, problems, activation_dtype(lm, config.precision))
+    weights, last_layer = _layer_weights(lm, config)
+    descent = _Descent(_initial_batch(lm, problems, batch.sizes, config), batch.sizes, config)
+    with lm.compute_weights(torch.bfloat16 if uses_bf16(lm, config.precision) else None):
+        _descend(lm, batch, descent, weights, last_layer, on_step)
+        with torch.no_grad(), autocast(lm, config.precision):
+            per_layer_best = batch.per_layer_losses(lm, descent.best, config.loss, lm.spec.num_layers - 1).float().cpu()
+    return descent.results(per_layer_best, time.perf_counter() - start_time)
+
+
+def _layer_weights(lm: FrozenLM, config: OptimConfig) -> tuple[torch.Tensor, int]:
+    """The loss's per-layer weights `[last_layer + 1]`, normalised to sum to 1, and the deepest layer they weigh
+    (the forward pass stops there)."""
     num_layers = lm.spec.num_layers
     weights = torch.tensor(config.layer_weights or [1.0] * num_layers, dtype=torch.float32, device=lm.device)
     if weights.numel() != num_layers:
         raise VkvError(f"layer_weights has {weights.numel()} entries; the model has {num_layers} layers")
-    last_layer = int(weights.nonzero().max())  # the deepest layer the loss looks at
-    weights = weights[: last_layer + 1] / weights.sum()
+    last_layer = int(weights.nonzero().max())
+    return weights[: last_layer + 1] / weights.sum(), last_layer
 
-    sizes = batch.sizes
-    x = torch.zeros(len(problems), max(sizes), lm.spec.hidden_size, device=lm.device)  # fp32 master copy
+
+def _initial_batch(
+    lm: FrozenLM, problems: list[tuple[KVPrefix, Targets, torch.Tensor]], sizes: list[int], config: OptimConfig
+) -> torch.Tensor:
+    """Each problem's initial embeddings in one fp32 tensor `[B, max(sizes), hidden]`, zero where padded; every
+    problem draws from its own generator seeded alike, so it starts where it would alone."""
+    x = torch.zeros(len(problems), max(sizes), lm.spec.hidden_size, device=lm.device)
     for b, (_, targets, positions) in enumerate(problems):
         generator = torch.Generator().manual_seed(config.seed)
         x[b, : sizes[b]] = initial_embeddings(lm, targets, config.init, generator, positions).detach()
-    best, adam_m, adam_v = x.clone(), torch.zeros_like(x), torch.zeros_like(x)
-    progress = [_Progress(lr=config.lr) for _ in problems]
-    running, sub = list(range(len(problems))), batch
-    beta1, beta2 = config.betas
+    return x
 
-    with lm.compute_weights(torch.bfloat16 if uses_bf16(lm, config.precision) else None):
-        for step in range(config.steps + 1):
-            leaf = x[running, : max(sizes[b] for b in running)].requires_grad_(True)  # a copy of the rows
-            with autocast(lm, config.precision):
-                per_layer = sub.per_layer_losses(lm, leaf, config.loss, last_layer)
-            losses = (per_layer.float() * weights).sum(-1)  # [running]
-            values = losses.detach().cpu().tolist()
-            stepping, leaving = [], []
-            for i, (b, value) in enumerate(zip(running, values)):
-                improved, action = progress[b].observe(step, value, config)
-                if improved:
-                    best[b] = x[b]
-                if action == "restart":
-                    x[b], adam_m[b], adam_v[b] = best[b], 0.0, 0.0
-                elif action == "stop":
-                    leaving.append(b)
-                elif action == "step":
-                    stepping.append(i)
-            finite = [v for v in values if math.isfinite(v)]
-            if on_step and finite:
-                on_step(step, sum(finite) / len(finite))
-            if not stepping:
-                break
-            losses[stepping].sum().backward()
-            for i in stepping:  # Adam, as torch.optim.Adam computes it, with clipping per problem
-                b, k, state = running[i], sizes[running[i]], progress[running[i]]
-                grad = leaf.grad[i, :k]
-                grad.mul_(min(1.0, config.clip / (float(grad.norm()) + 1e-6)))
-                state.adam_steps += 1
-                m, v, t = adam_m[b, :k], adam_v[b, :k], state.adam_steps
-                m.lerp_(grad, 1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(ADAM_EPS)
-                x[b, :k].addcdiv_(m, denom, value=-_scheduled_lr(state.lr, step, config) / (1 - beta1**t))
-            if leaving:
-                running = [b for b in running if b not in leaving]
-                sub = batch.select(running)
 
-        with torch.no_grad(), autocast(lm, config.precision):
-            per_layer_best = batch.per_layer_losses(lm, best, config.loss, num_layers - 1).float().cpu()
-    seconds = time.perf_counter() - start_time
-    if any(not state.trace for state in progress):
-        raise VkvError("optimisation produced no finite loss; the span's targets or the model may be broken")
-    return [
-        OptimResult(
-            embeddings=best[b, : sizes[b]].float().cpu(),
-            initial_loss=state.trace[0],
-            best_loss=state.best_loss,
-            final_loss=state.trace[-1],
-            per_layer_loss=per_layer_best[b].tolist(),
-            trace=state.trace,
-            steps=len(state.trace) - 1,
-            seconds=seconds,
-            stopped=state.stopped,
-            batch_size=len(problems),
-        )
-        for b, state in enumerate(progress)
-    ]
+class _Descent:
+    """A batch's optimisation state: the fp32 master embeddings `x` `[B, n, hidden]`, each problem's best copy,
+    Adam's moments and each problem's `_Progress`. Problem b owns rows `[b, :sizes[b]]` of every tensor."""
+
+    def __init__(self, x: torch.Tensor, sizes: list[int], config: OptimConfig):
+        self.x, self.sizes, self.config = x, sizes, config
+        self.best, self.adam_m, self.adam_v = x.clone(), torch.zeros_like(x), torch.zeros_like(x)
+        self.progress = [_Progress(lr=config.lr) for _ in sizes]
+
+    def observe(self, step: int, running: list[int], values: list[float]) -> tuple[list[int], list[int]]:
+        """Take the running problems' losses at `step`: keep each improved problem's embeddings as its best, send a
+        problem whose loss was non-finite back to its best with a fresh Adam state. Returns the indices into
+        `running` of the problems that take a step and the problems that stop."""
+        stepping, leaving = [], []
+        for i, (b, value) in enumerate(zip(running, values)):
+            improved, action = self.progress[b].observe(step, value, self.config)
+            if improved:
+                self.best[b] = self.x[b]
+            if action == "restart":
+                self.x[b], self.adam_m[b], self.adam_v[b] = self.best[b], 0.0, 0.0
+            elif action == "stop":
+                leaving.append(b)
+            elif action == "step":
+                stepping.append(i)
+        return stepping, leaving
+
+    def update(self, b: int, grad: torch.Tensor, step: int) -> None:
+        """One Adam step on problem b's embeddings from its gradient `[sizes[b], hidden]`, clipped by its own norm
+        first; the update is the one torch.optim.Adam computes."""
+        config, state, k = self.config, self.progress[b], self.sizes[b]
+        beta1, beta2 = config.betas
+        grad.mul_(min(1.0, config.clip / (float(grad.norm()) + 1e-6)))
+        state.adam_steps += 1
+        m, v, t = self.adam_m[b, :k], self.adam_v[b, :k], state.adam_steps
+        m.lerp_(grad, 1 - beta1)
+        v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(ADAM_EPS)
+        self.x[b, :k].addcdiv_(m, denom, value=-_scheduled_lr(state.lr, step, config) / (1 - beta1**t))
+
+    def results(self, per_layer_best: torch.Tensor, seconds: float) -> list[OptimResult]:
+        """One result per problem; `per_layer_best` `[B, layers]` holds the losses of the best embeddings."""
+        if any(not state.trace for state in self.progress):
+            raise VkvError("optimisation produced no finite loss; the span's targets or the model may be broken")
+        return [
+            OptimResult(
+                embeddings=self.best[b, : self.sizes[b]].float().cpu(),
+                initial_loss=state.trace[0],
+                best_loss=state.best_loss,
+                final_loss=state.trace[-1],
+                per_layer_loss=per_layer_best[b].tolist(),
+                trace=state.trace,
+                steps=len(state.trace) - 1,
+                seconds=seconds,
+                stopped=state.stopped,
+                batch_size=len(self.progress),
+            )
+            for b, state in enumerate(self.progress)
+        ]
+
+
+def _descend(
+    lm: FrozenLM,
+    batch: Batch,
+    descent: _Descent,
+    weights: torch.Tensor,
+    last_layer: int,
+    on_step: Callable[[int, float], None] | None,
+) -> None:
+    """The loop: score the running problems, let each decide whether it steps, restarts or stops, and step those
+    that go on. A problem that stops leaves the batch, which is trimmed to the rest."""
+    config, sizes = descent.config, batch.sizes
+    running, sub = list(range(len(sizes))), batch
+    for step in range(config.steps + 1):
+        leaf = descent.x[running, : max(sizes[b] for b in running)].requires_grad_(True)  # a copy of the rows
+        with autocast(lm, config.precision):
+            per_layer = sub.per_layer_losses(lm, leaf, config.loss, last_layer)
+        losses = (per_layer.float() * weights).sum(-1)  # [running]
+        values = losses.detach().cpu().tolist()
+        stepping, leaving = descent.observe(step, running, values)
+        finite = [v for v in values if math.isfinite(v)]
+        if on_step and finite:
+            on_step(step, sum(finite) / len(finite))
+        if not stepping:
+            break
+        losses[stepping].sum().backward()
+        for i in stepping:
+            descent.update(running[i], leaf.grad[i, : sizes[running[i]]], step)
+        if leaving:
+            running = [b for b in running if b not in leaving]
+            sub = batch.select(running)
 
 
 def uses_bf16(lm: FrozenLM, precision: str) -> bool:

@@ -7,6 +7,7 @@ same way: greedy answers (keyword accuracy), log-probabilities of the choices af
 
 from __future__ import annotations
 
+import difflib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -323,8 +324,6 @@ class TranscriptEval:
 def dropped_lines(messages: list, contents: list[str], first: int) -> list[dict[str, Any]]:
     """Per pruned message: its index, role, lines before and after, and the original lines that did not survive
     (in order), so a reader sees what a text backend threw away."""
-    import difflib
-
     report = []
     for index, (message, content) in enumerate(zip(messages, contents), start=first):
         before, after = message.content.splitlines(), content.splitlines()

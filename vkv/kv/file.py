@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from vkv import __version__
 from vkv.errors import VkvError
@@ -64,8 +66,6 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
 
     `store="embeddings"` writes no keys or values: verbatim segments keep their token ids (taken from `ids`, the
     rendered tokens their spans index) and virtual ones their embeddings; `load_cache` rebuilds the K/V."""
-    from safetensors.torch import save_file
-
     if store not in STORES:
         raise VkvError(f"{path}: field store: unknown store {store!r}; choose one of {', '.join(STORES)}")
     if store == "embeddings":
@@ -171,8 +171,6 @@ def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
-    from safetensors import safe_open
-
     p = Path(path)
     if not p.is_file():
         raise VkvError(f"{p}: no such cache file")
@@ -196,8 +194,6 @@ def read_header(path: str | Path) -> dict[str, Any]:
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     try:
         return load_file(str(path))
     except Exception as exc:  # safetensors raises its own error types for truncated or corrupt data

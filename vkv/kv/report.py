@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.table import Table
 
 from vkv.kv.ragged import kv_row_bytes, memory_plan, offsets_nbytes
 from vkv.kv.spliced import SplicedCache
@@ -133,8 +134,6 @@ def storage(path: str | Path, header: dict[str, Any]) -> dict[str, Any]:
 
 def report_table(rows: list[dict[str, Any]], title: str = "compression report"):
     """A rich Table of the rows (verbatim text shortened for the terminal)."""
-    from rich.table import Table
-
     table = Table(title=title)
     for column in ("turn", "role", "kind", "tokens", "entries", "ratio", "in memory", "loss", "drift", "verbatim kept"):
         table.add_column(column)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
@@ -336,8 +337,6 @@ class FrozenLM:
         return recorder.keys, recorder.values
 
     def new_cache(self):
-        from transformers import DynamicCache
-
         return DynamicCache(config=self.model.config)
 
     def stop_token_ids(self) -> set[int]:

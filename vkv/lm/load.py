@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vkv.errors import VkvError
+from vkv.lm import zoo
 
 if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
@@ -58,8 +59,6 @@ HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # [owner/]na
 
 def resolve_model_path(name: str) -> tuple[str, bool]:
     """Map an alias, a directory or a hub id to what from_pretrained takes; second item: is it local."""
-    from vkv.lm import zoo
-
     if name in zoo.ZOO:
         if not zoo.is_fetched(name):
             raise VkvError(f"model '{name}' is not fetched yet; run `vkv models fetch {name}` first")
@@ -82,6 +81,7 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
 def _in_hub_cache(name: str) -> bool:
     """Whether the Hugging Face cache already holds `name`'s config (so it loads without the network)."""
     try:
+        # heavy: the command line checks model names at startup, and only a bare name gets here
         from huggingface_hub import try_to_load_from_cache
 
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
@@ -96,8 +96,10 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> FrozenLM:
     """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
-    # here, not at the top: the command line reads this module's constants at startup, before it needs transformers
+    # heavy: the command line reads this module's constants at startup, before it needs transformers (which
+    # FrozenLM's module imports too)
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from vkv.lm.frozen import FrozenLM
 
@@ -109,8 +111,6 @@ def load_model(
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, local_files_only=local)
     kwargs.update(_quant_kwargs(q, dev))
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # callers show their own status; per-tensor bars drown it
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local)
@@ -128,7 +128,7 @@ def load_model(
 
 def _quant_kwargs(quant: str, device: torch.device) -> dict[str, Any]:
     if quant in ("8bit", "4bit"):
-        from transformers import BitsAndBytesConfig
+        from transformers import BitsAndBytesConfig  # heavy: as in load_model
 
         compute = torch.float32 if device.type == "cpu" else torch.bfloat16
         if quant == "8bit":

@@ -133,7 +133,7 @@ def attention_function(name: str):
 
 def register() -> None:
     """Register vkv's implementations with transformers (idempotent)."""
-    # imported here: transformers' registries take a second or two to import, which a model being loaded has paid
+    # heavy: transformers' registries pull in its modelling code, a slow import that a model being loaded has paid
     # already and the command line starting up should not
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface

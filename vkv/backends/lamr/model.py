@@ -9,10 +9,10 @@ Split in two so training can cache what a frozen backbone produces:
 
 One addition to the paper's architecture, on by default (`depth_norm`): each depth's hidden state is
 divided by its root-mean-square before concatenation (no parameters). Decoder residual streams carry
-massive activations (SmolLM2-135M at half depth: single values up to ~2.5e4 against a typical RMS of ~5),
-and fed raw into the fusion attention they swamp everything else. On the demo corpus a head on raw
-features still flipped between all-prune and all-keep on its own 40 training examples after 85 steps;
-with the normalisation it reached train token F1 0.87 after 45. SWE-Pruner's weights were trained without it, so their loader turns it off.
+massive activations (single values orders of magnitude above the typical RMS), and fed raw into the fusion
+attention they swamp everything else: on the demo corpus a head on raw features did not settle on its own
+training examples where one with the normalisation did (evals/RESULTS.md, end of section 'Stage 2: every method
+at 2×, 3.2× and 4.8×'). SWE-Pruner's weights were trained without it, so their loader turns it off.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import torch
 from torch import nn
 
 from vkv.backends.lamr.crf import LinearChainCRF
+from vkv.backends.lamr.prompt import answer_token_ids
 from vkv.errors import VkvError
+from vkv.lm.load import resolve_model_path
 
 DEFAULT_BACKBONE = "Qwen/Qwen3-Reranker-0.6B"
 BACKBONE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -220,9 +222,8 @@ def load_backbone(name: str, dtype: str = "float32", device: str | torch.device 
 
     weights=False builds the architecture from its config only (a checkpoint will supply the weights).
     """
+    # heavy: building a corpus or reading a checkpoint's manifest imports this package and needs no transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from vkv.lm.load import resolve_model_path
 
     path, local = resolve_model_path(name)
     torch_dtype = BACKBONE_DTYPES[dtype]
@@ -294,8 +295,6 @@ def build_model(config: LaMRConfig, device: str | torch.device = "cpu", backbone
 
 def assemble(config: LaMRConfig, causal, tokenizer, device: str | torch.device = "cpu") -> LaMRModel:
     """LaMR around an already constructed causal LM (used by tests with a tiny random backbone)."""
-    from vkv.backends.lamr.prompt import answer_token_ids
-
     no_id, yes_id = answer_token_ids(tokenizer)
     backbone = RerankerBackbone(causal.base_model, answer_vectors(causal, no_id, yes_id), config.layer_fractions)
     model = LaMRModel(config, backbone, tokenizer)

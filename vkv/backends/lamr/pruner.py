@@ -14,11 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vkv.backends.base import PruneResult, token_budget
+from vkv.backends.lamr.checkpoint import CONFIG_FILE, SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner
 from vkv.backends.lamr.inference import LineScores, score_lines, select_lines
-from vkv.backends.lamr.model import LaMRModel
+from vkv.backends.lamr.model import DEFAULT_BACKBONE, LaMRModel
 from vkv.backends.lamr.repair import RepairConfig, Repaired, render_selection, repair
 from vkv.backends.source.lines import split_lines
 from vkv.errors import VkvError
+from vkv.lm.load import resolve_device
 
 
 @dataclass
@@ -58,10 +60,6 @@ class LaMR:
         """A vkv LaMR checkpoint directory, or SWE-Pruner weights (their model.safetensors, its directory,
         or the hub id ayanami-kitasan/code-pruner); `backbone` overrides where the backbone is read from
         (for SWE-Pruner: its architecture and tokenizer, default Qwen/Qwen3-Reranker-0.6B)."""
-        from vkv.backends.lamr.checkpoint import CONFIG_FILE, SWE_PRUNER_HUB_ID, load_checkpoint, load_swe_pruner
-        from vkv.backends.lamr.model import DEFAULT_BACKBONE
-        from vkv.lm.load import resolve_device
-
         path = Path(checkpoint).expanduser()
         ours = (path / CONFIG_FILE).is_file() or path.name == CONFIG_FILE
         theirs = (

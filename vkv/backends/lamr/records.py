@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vkv.backends.source.lines import split_lines
 from vkv.errors import VkvError
+from vkv.io import atomic_path
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ def parse_record(line: str, where: str) -> Record:
 
 
 def write_records(path: str | Path, records: list[Record]) -> None:
-    from vkv.io import atomic_path
-
     with atomic_path(path) as tmp:
         with open(tmp, "w", encoding="utf-8") as handle:
             for record in records:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vkv.backends.lamr.crf import KEEP, LinearChainCRF
 from vkv.backends.lamr.dataset import EncodedSet, Example, cache_features
@@ -300,8 +301,6 @@ class _progress:
     def __enter__(self):
         if not self.show:
             return lambda n=1: None
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
         self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         self.bar.start()
         task = self.bar.add_task(self.description, total=self.total)

@@ -21,6 +21,7 @@ def parser_for(name: str):
         return None
     module_name, function_name = language.grammar
     try:
+        # optional: without tree-sitter or the grammar's wheel the language has no parser (None), not an error
         import tree_sitter
 
         module = importlib.import_module(module_name)
