@@ -5,13 +5,21 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import torch
+
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
+from vkv.compress.single import compress_transcript, render_within_positions
 from vkv.errors import VkvError
+from vkv.kv.file import STORES, read_header, save_cache
+from vkv.kv.report import report_rows, report_table, storage
 from vkv.lm.load import DEFAULT_MODEL
+from vkv.progress import step_bar
 from vkv.settings import add_arguments, flat_settings, from_args, from_flat, nested, setting
+from vkv.text.transcript import load_transcript, parse_turn_span, render
+from vkv.text.windows import select_windows
 
 
 @dataclass
@@ -54,12 +62,6 @@ def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
-    import torch
-
-    from vkv.compress.single import compress_transcript
-    from vkv.progress import step_bar
-    from vkv.text.transcript import load_transcript, parse_turn_span, render
-
     command, plan = from_args(CompressCommand, args), recipe_from_args(args)
     config = plan.compress
     check_store(command.store, plan)
@@ -114,9 +116,6 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 
 def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -> int:
-    from vkv.compress.sequential import compress_transcript_turns
-    from vkv.kv.file import read_header
-    from vkv.kv.report import report_rows, report_table
 
     with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
         spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, command.sequential)
@@ -132,8 +131,6 @@ def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -
 def _memory(path: str) -> dict:
     """What the written cache takes when it decodes: the whole cache's bytes, the compressed segments' and the ratio in
     memory (from its header's counts, as `vkv inspect` gives them)."""
-    from vkv.kv.file import read_header
-    from vkv.kv.report import storage
 
     stored = storage(path, read_header(path))
     keys = ("memory_bytes", "compressed_memory_bytes", "ratio_memory")
@@ -142,7 +139,6 @@ def _memory(path: str) -> dict:
 
 def check_store(store: str, plan: MultiTurnConfig) -> None:
     """Refuse a --store value, or a multi-turn plan whose segments it cannot hold, before any work is done."""
-    from vkv.kv.file import STORES
 
     if store not in STORES:
         raise VkvError(f"--store {store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
@@ -161,8 +157,6 @@ def check_store(store: str, plan: MultiTurnConfig) -> None:
 
 def save_with_store(spliced, command: CompressCommand, lm, transcript) -> None:
     """Write the cache as --store says; an embeddings-only file needs the rendered ids of its verbatim segments."""
-    from vkv.compress.single import render_within_positions
-    from vkv.kv.file import save_cache
 
     ids = render_within_positions(lm, transcript).ids if command.store == "embeddings" else None
     save_cache(spliced, command.out, store=command.store, ids=ids)
@@ -170,8 +164,6 @@ def save_with_store(spliced, command: CompressCommand, lm, transcript) -> None:
 
 def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
     """The index-th of a transcript's windows that carry questions, in transcript order."""
-    from vkv.text.transcript import render
-    from vkv.text.windows import select_windows
 
     windows = select_windows(transcript, render(transcript, tokenizer), max_tokens)
     if not 0 <= index < len(windows):

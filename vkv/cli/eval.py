@@ -14,17 +14,20 @@ from vkv.cli.compress import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.evals.runner import EvalSettings
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.evals.summary import aggregate
+from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
+from vkv.progress import step_bar
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, nested, setting
+from vkv.text.transcript import load_transcript, parse_turn_span, render
+from vkv.text.windows import select_windows, window_transcript
 
 
 def eval_units(
     lm, paths: list[str], span: str | None, window: int | None, max_windows: int | None, span_only: bool = False
 ):
     """(transcript, turns) for each evaluation unit: whole transcripts, a span, the span alone, or windows."""
-    from vkv.text.transcript import load_transcript, parse_turn_span, render
-    from vkv.text.windows import select_windows, window_transcript
 
     for path in paths:
         transcript = load_transcript(path)
@@ -63,11 +66,6 @@ class EvalCommand:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from vkv.evals.runner import TranscriptEval
-    from vkv.evals.summary import aggregate
-    from vkv.lm.rebuild import load_cache
-    from vkv.progress import step_bar
-    from vkv.text.transcript import render
 
     command = from_args(EvalCommand, args)
     methods = command.method

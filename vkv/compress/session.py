@@ -31,6 +31,7 @@ from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
 from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Transcript, followup, parse_transcript
 
@@ -161,7 +162,6 @@ class Session:
     def generate(self, question: str, answer_prefix: str = "", **generate_kwargs: Any) -> str:
         """An answer from transformers' `generate()` continuing the compressed conversation (sampling, beams,
         streamers: any of its keyword arguments); the session is not changed."""
-        from vkv.lm.generate import generate
 
         answer = generate(self.lm, self.cache, self.prompt_ids(question, answer_prefix), **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)

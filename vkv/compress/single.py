@@ -18,6 +18,7 @@ from vkv.compress.distill import build_probes, distill
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
 from vkv.errors import VkvError
+from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
@@ -25,6 +26,7 @@ from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import virtual_kv
 from vkv.lm.splice import splice
+from vkv.text.transcript import render
 
 
 def virtual_segment(
@@ -91,7 +93,6 @@ def compress_span(
 
 def render_within_positions(lm: FrozenLM, transcript):
     """The transcript rendered by the model's tokenizer, refused when it is longer than the model's positions."""
-    from vkv.text.transcript import render
 
     rendered = render(transcript, lm.tokenizer)
     lm.check_positions(len(rendered.ids), f"{transcript.path or transcript.id} ({len(rendered.ids)} tokens)")
@@ -107,7 +108,6 @@ def compress_transcript(
     on_step: Callable[[int, float], None] | None = None,
 ) -> SplicedCache:
     """Render, compress messages [turns[0], turns[1]) at `ratio` and record what a cache file needs to be checked later."""
-    from vkv.kv.file import cache_metadata, transcript_record
 
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)

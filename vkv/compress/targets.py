@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.compaction import SpanReadout, compact
 from vkv.compress.pooling import Blocks, pool
 from vkv.errors import VkvError
 from vkv.lm.capture import Activations
@@ -44,7 +45,7 @@ TARGET_KINDS: dict[str, TargetKind] = {
         TargetKind("kv-pre-rope", keys="pre-rope"),
         TargetKind("kv-post-rope", keys="post-rope", order_free=False),  # the recipe's Failure 2
         TargetKind("v+attention", read_out=True, order_free=False),
-        # slot j matches, per layer and KV head, am's j-th compacted key (post-RoPE) and refitted value (issue 19):
+        # slot j matches, per layer and KV head, am's j-th compacted key (post-RoPE) and refitted value:
         # the same kept tokens in every head (what one input embedding per slot can produce), or each head its own
         TargetKind("am", keys="post-rope", order_free=False, compaction="shared"),
         TargetKind("am-per-head", keys="post-rope", order_free=False, compaction="uniform"),
@@ -185,10 +186,10 @@ def compaction_targets(
     lm: FrozenLM, acts: Activations, k: int, head_budget: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention matching's k entries for the span (top-attention keys, shared bias, refitted values from
-    ATTENTION_QUERIES reference queries, as `am` ran when issue 19's lever 1 was measured; `head_budget` shared or
+    ATTENTION_QUERIES reference queries, the count these targets were measured with (evals/RESULTS.md, 'Virtual
+    tokens against the anchors'); `head_budget` shared or
     uniform): keys (post-RoPE) and values `[layers, kv_heads, k, head_dim]`, and per
     slot the span-relative token kept there by the most heads `[k]`."""
-    from vkv.compress.compaction import SpanReadout, compact
 
     layers, kv_heads, n, dim = acts.values.shape
     positions = torch.arange(acts.start, acts.end, dtype=torch.float32)

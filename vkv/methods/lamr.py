@@ -2,7 +2,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vkv.backends.lamr import LaMR
 from vkv.errors import VkvError
+from vkv.home import vkv_home
 from vkv.methods.base import TextMethod
 from vkv.methods.work import TextWork
 from vkv.settings import setting
@@ -11,7 +13,6 @@ PLACEHOLDER = "…"
 
 
 def default_checkpoint() -> Path:
-    from vkv.home import vkv_home
 
     return vkv_home() / "lamr-demo" / "semantic-dependency"
 
@@ -28,8 +29,6 @@ class LaMRMethod(TextMethod):
 
     def pruner(self):
         if self._pruner is None:
-            from vkv.backends.lamr import LaMR
-
             checkpoint = Path(self.checkpoint or default_checkpoint())
             if not checkpoint.exists():
                 raise VkvError(

@@ -1,6 +1,7 @@
 from dataclasses import dataclass
 from typing import Any
 
+from vkv.backends.longcodezip import LongCodeZip
 from vkv.methods.base import TextMethod
 from vkv.methods.work import TextWork
 
@@ -14,7 +15,6 @@ class LongCodeZipMethod(TextMethod):
     settings: Any = None  # a backends.longcodezip Settings; None: its defaults
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
-        from vkv.backends.longcodezip import LongCodeZip
 
         pruner = LongCodeZip(work.lm, settings=self.settings)
         result = pruner.prune_messages([m.content for m in work.messages], work.query, ratio=ratio)

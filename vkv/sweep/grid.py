@@ -4,6 +4,7 @@ objects they describe. See `vkv.sweep` for the file format."""
 from __future__ import annotations
 
 import glob
+import importlib
 import itertools
 import json
 import os
@@ -16,6 +17,9 @@ import tomllib
 
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings
+from vkv.lm.load import QUANTS
+from vkv.methods import METHODS, get_method
 from vkv.settings import Setting, check_value, flat_settings, from_flat
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
@@ -45,7 +49,6 @@ def _renamed(path: Path, where: str, key: str) -> None:
 
 
 def eval_keys() -> dict[str, Any]:
-    from vkv.evals.runner import EvalSettings
 
     return {f.name: getattr(EvalSettings(), f.name) for f in fields(EvalSettings) if f.name != "seed"}
 
@@ -132,13 +135,11 @@ def _plural(key: str) -> str:
 
 
 def _quants() -> tuple[str, ...]:
-    from vkv.lm.load import QUANTS
 
     return QUANTS
 
 
 def _method_names() -> tuple[str, ...]:
-    from vkv.methods import METHODS
 
     return tuple(METHODS)
 
@@ -187,7 +188,6 @@ def _flatten(grid: dict, where: str) -> dict:
 
 def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
-    from vkv.methods import METHODS
 
     name = point["method"]
     if name not in METHODS:
@@ -251,7 +251,6 @@ def jsonable(value: Any) -> Any:
 
 def build_method(point: dict):
     """The method object a point describes; its recipe carries the run's seed."""
-    from vkv.methods import METHODS, get_method
 
     name = point["method"]
     options = {
@@ -278,7 +277,6 @@ def _option(method: str, option: str, value):
             f"field {method}.{option}: a table was given, but vkv sweep does not know which settings "
             f"class it describes (known: {', '.join(f'{m}.{o}' for m, o in OPTION_TABLES)})"
         )
-    import importlib
 
     module, cls = OPTION_TABLES[(method, option)]
     return getattr(importlib.import_module(module), cls).from_dict(value)

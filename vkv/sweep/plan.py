@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings
+from vkv.lm.load import resolve_device, resolve_model_path, resolve_quant
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, canonical, eval_keys, expand
+from vkv.text.transcript import load_transcript, parse_turn_span, render
+from vkv.text.windows import select_windows, window_transcript
 
 
 @dataclass
@@ -42,8 +46,6 @@ class Run:
 
 
 def units_for(experiment: Experiment, point: dict, tokenizer_of: Callable[[str], Any]) -> list[Unit]:
-    from vkv.text.transcript import load_transcript, parse_turn_span, render
-    from vkv.text.windows import select_windows
 
     path = experiment.resolve(point["transcript"])
     if not path.is_file():
@@ -81,7 +83,6 @@ def _unit(sub, turns, parent, kind: str) -> Unit:
 
 def turn_count_windows(transcript, n: int, limit: int | None):
     """Windows of n consecutive messages after the system message that carry questions, most questions first."""
-    from vkv.text.windows import window_transcript
 
     if not isinstance(n, int) or n < 1:
         raise VkvError(f"window_turns must be a positive number of messages, got {n!r}")
@@ -94,8 +95,6 @@ def turn_count_windows(transcript, n: int, limit: int | None):
 
 def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
     """Every run of the experiment, each once, grouped by model then unit (file order within)."""
-    from vkv.evals.runner import EvalSettings
-    from vkv.lm.load import resolve_device, resolve_quant
 
     dev = resolve_device(device)
     settings = {**eval_keys(), **experiment.eval}
@@ -138,8 +137,6 @@ def identity_hash(identity: dict) -> str:
 def _tokenizer(model: str, cache: dict):
     if model not in cache:
         from transformers import AutoTokenizer
-
-        from vkv.lm.load import resolve_model_path
 
         path, local = resolve_model_path(model)
         try:
