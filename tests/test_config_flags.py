@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass
 
@@ -14,15 +15,21 @@ from vkv.backends.lamr.cli import CorpusCommandConfig, TrainCommandConfig
 from vkv.cli import build_parser
 from vkv.cli.ask import AskConfig
 from vkv.cli.chat import ChatConfig
+from vkv.cli.compress import CompressCommand, recipe_from_args
+from vkv.cli.eval import EvalCommand, given_options, method_options
+from vkv.cli.eval import build_method as build_method_from_flags
 from vkv.cli.inspect import InspectConfig
 from vkv.cli.models import FetchConfig
 from vkv.cli.prune import PruneConfig
 from vkv.cli.render import RenderConfig
 from vkv.cli.tools import DoctorConfig
 from vkv.cli.validate import ValidateConfig
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.evals.runner import EvalSettings
+from vkv.methods import METHODS
 from vkv.settings import from_args, nested, setting
 from vkv.sweep import SweepConfig
+from vkv.sweep.grid import build_method, expand, load_experiment
 from vkv.sweep.report import ReportConfig
 from vkv.tools.bench import BenchConfig
 from vkv.tools.bench_cache import CacheBenchConfig
@@ -47,6 +54,11 @@ COMMANDS = [
     (["validate", "t.json"], {}, ValidateConfig, ()),
     (["validate", "t.json"], {}, EvalSettings, ("max_new_tokens", "seed")),  # validation generates nothing
     (["models", "fetch", "smollm2-135m"], {}, FetchConfig, ()),
+    (["compress", "t.json"], {"out": "c.safetensors"}, CompressCommand, ()),
+    (["compress", "t.json"], {"out": "c.safetensors"}, MultiTurnConfig, ()),
+    (["eval", "t.json"], {}, EvalCommand, ()),
+    (["eval", "t.json"], {}, EvalSettings, ()),  # its seed is the recipe's --seed
+    (["chat", "t.json"], {}, MultiTurnConfig, ("target_source",)),  # a chat's targets come from its running cache
 ]
 IDS = [f"{' '.join(words[:2])}:{config.__name__}" for words, _, config, _ in COMMANDS]
 
@@ -133,3 +145,31 @@ def test_the_check_sees_a_field_without_a_flag():
     assert "_Grown.added: no --added" in problems
     assert "_Grown.plan_window: --plan-window defaults to 999, not 4096" in problems
     assert "_Grown.plan_model: no --plan-model" in problems
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_option_is_a_flag_of_eval_and_a_sweep_key_with_its_default(name, tmp_path):
+    """Each option a method declares with `setting` has a `vkv eval` flag; with no flag the method is built with its
+    own defaults, and a sweep that sets an option to its default describes the same run as one that leaves it out."""
+    cls = METHODS[name]
+    options = method_options()
+    flags = {o for a in subparser(build_parser(), ["eval"])._actions for o in a.option_strings}
+    args = build_parser().parse_args(["eval", "t.json", "--method", name])
+    built = build_method_from_flags(cls, recipe_from_args(args), args, given_options(args, [cls]))
+    assert built.config() == cls().config()
+    (tmp_path / "t.json").write_text("{}")
+    head = f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["{name}"]\nratios = [2]\n'
+    (tmp_path / "plain.toml").write_text(head)
+    (plain,) = expand(load_experiment(tmp_path / "plain.toml"))
+    declared = [f for f in dataclasses.fields(cls) if f.init and "help" in f.metadata]
+    configs = ("recipe", "verbatim", "settings")  # config objects: their fields are flags and keys of their own
+    undeclared = [f.name for f in dataclasses.fields(cls) if f.init and "help" not in f.metadata]
+    assert [n for n in undeclared if n not in configs] == [], f"{name}: options not declared with setting()"
+    for f in declared:
+        key = next(k for k, o in options.items() if o.field == f.name and name in o.owners)
+        assert options[key].setting.flag in flags, f"{name}.{f.name}: no flag"
+        if f.default is None:  # TOML has no null
+            continue
+        (tmp_path / "set.toml").write_text(head + f"{name} = {{ {f.name} = {json.dumps(f.default)} }}\n")
+        (point,) = expand(load_experiment(tmp_path / "set.toml"))
+        assert build_method(point).config() == build_method(plain).config(), f"{name}.{f.name}"
