@@ -43,9 +43,9 @@ RENAMED = {  # keys earlier versions read, and what says the same today
 }
 
 
-def _renamed(path: Path, where: str, key: str) -> None:
+def _renamed(where: str, key: str) -> None:
     if key in RENAMED:
-        raise VkvError(f"{path}: {where}: key '{key}' was renamed; use {RENAMED[key]}")
+        raise VkvError(f"{where}: key '{key}' was renamed; use {RENAMED[key]}")
 
 
 def eval_keys() -> dict[str, Any]:
@@ -124,7 +124,7 @@ def _merge(defaults: dict, grid: dict) -> dict:
 def _no_unknown(path: Path, where: str, table: dict, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     for key in table:
-        _renamed(path, where, key)
+        _renamed(f"{path}: {where}", key)
         if key not in allowed:
             hint = f" (did you mean {_plural(key)}?)" if _plural(key) != key and _plural(key) in allowed else ""
             raise VkvError(f"{path}: {where}: unknown key '{key}'{hint}; known keys: {', '.join(allowed)}")
@@ -189,6 +189,8 @@ def _flatten(grid: dict, where: str) -> dict:
 def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
 
+    for key in point:
+        _renamed(where, key)
     name = point["method"]
     if name not in METHODS:
         raise VkvError(f"{where}: field methods: unknown method '{name}'; choose from {', '.join(METHODS)}")
@@ -220,8 +222,6 @@ def _relevant(point: dict, where: str) -> dict:
     for key, value in point.items():
         owner, _, option = key.partition(".")
         if option and owner == name:
-            if key in RENAMED:
-                raise VkvError(f"{where}: key '{key}' was renamed; use {RENAMED[key]}")
             if option not in cls.option_names() or option == "recipe":
                 taken = ", ".join(o for o in cls.option_names() if o != "recipe") or "none"
                 raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
