@@ -4,8 +4,8 @@ people, `--json FILE` for machines, one-sentence errors.
 Every flag is a field of a config dataclass (vkv.settings: `add_arguments` makes the flags, `from_args` builds the
 config back); only positional arguments (files) are hand-written. This package is the only code that sees an
 `argparse.Namespace`: a command's `cmd_*` function builds its config and hands it, with plain values, to the library.
-A command's module imports heavy library code (torch, transformers, the methods) inside its functions rather than at
-the top, so that `import vkv.cli` and reading the flags stay quick."""
+Building the parser reads every config and method registry, which imports torch and transformers anyway, so command
+modules import what they use at the top like the rest of the package."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from vkv.cli.common import errors
 from vkv.cli.compress import recipe_from_args
 from vkv.errors import VkvError
 from vkv.io import check_writable
+from vkv.lm.load import DEFAULT_MODEL, resolve_model_path
 
 COMMAND_MODULES = (models, tools, render, compress, inspect, ask, chat, eval_command, validate, sweep, prune)
 MODEL_OPTIONAL = ("ask", "chat", "validate")  # these default --model to what the cache or transcripts record
@@ -45,13 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned
         return exit_.code if isinstance(exit_.code, int) else 2
     if getattr(args, "model", "unset") is None and args.command not in MODEL_OPTIONAL:
-        from vkv.lm.load import DEFAULT_MODEL
-
         args.model = DEFAULT_MODEL
     try:
         if isinstance(getattr(args, "model", None), str):  # a misspelled alias fails now, not after loading anything
-            from vkv.lm.load import resolve_model_path
-
             resolve_model_path(args.model)
         for name in getattr(args, "outputs", ()):  # files the command will write: refused now, not after the work
             if getattr(args, name, None):

@@ -9,7 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, write_json
+from vkv.kv.file import read_header
+from vkv.lm.context import Context
+from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
+from vkv.text.transcript import followup, render
 
 
 @dataclass
@@ -23,10 +27,6 @@ class AskConfig:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from vkv.kv.file import read_header
-    from vkv.lm.context import Context
-    from vkv.lm.rebuild import load_cache
-    from vkv.text.transcript import followup, render
 
     config = from_args(AskConfig, args)
     header = read_header(args.cache)

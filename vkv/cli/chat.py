@@ -17,11 +17,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformers import TextStreamer
+
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
 from vkv.cli.compress import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO
+from vkv.compress.session import Session, message_dict
 from vkv.errors import VkvError
+from vkv.io import check_writable
+from vkv.kv.file import read_header
+from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
+from vkv.text.transcript import load_transcript
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
     "/save FILE": "write the session to FILE (its directory must exist)",
@@ -44,10 +51,6 @@ class ChatConfig:
 def open_session(source: str, lm, recipe):
     """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
     a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig)."""
-    from vkv.compress.session import Session, message_dict
-    from vkv.kv.file import read_header
-    from vkv.lm.rebuild import load_cache
-    from vkv.text.transcript import load_transcript
 
     path = Path(source)
     if path.suffix == ".json":
@@ -61,13 +64,10 @@ def open_session(source: str, lm, recipe):
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
-    from transformers import TextStreamer
 
     config = from_args(ChatConfig, args)
     model = config.model
     if model.model is None and Path(args.source).suffix != ".json":  # a cache file names its model
-        from vkv.kv.file import read_header
-
         model = dataclasses.replace(model, model=read_header(args.source).get("model"))
     lm = load_model_from(model)  # a transcript gets the default model
     # a chat keeps no uncompressed history, so its turns' targets come from the running cache
@@ -110,7 +110,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def slash_command(session, line: str) -> bool:
     """Carry out a /command (True: end the chat); an unknown one is refused, never sent to the model."""
-    from vkv.io import check_writable
 
     command, _, rest = line.partition(" ")
     if command in ("/quit", "/exit"):

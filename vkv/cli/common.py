@@ -9,9 +9,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
+from transformers import AutoTokenizer
 
 from vkv.errors import VkvError
+from vkv.io import write_json_atomic
+from vkv.lm.load import DEFAULT_MODEL, QUANTS, load_model, resolve_model_path
 from vkv.settings import add_arguments, from_args, setting
+from vkv.text.transcript import load_transcript
+from vkv.text.windows import window_transcript
 
 # Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -21,8 +26,6 @@ errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, w
 def recorded_transcript(cache_path, header: dict, override: str | None = None):
     """The transcript a cache file was built from (its recorded path, or `override`), checked against the recorded
     hash and cut to the recorded window."""
-    from vkv.text.transcript import load_transcript
-    from vkv.text.windows import window_transcript
 
     recorded = header.get("transcript", {})
     path = override or recorded.get("path")
@@ -40,7 +43,6 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
 
 
 def _quants() -> tuple[str, ...]:
-    from vkv.lm.load import QUANTS
 
     return QUANTS
 
@@ -65,7 +67,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def load_model_from(config: ModelConfig):
     """The model `config` names (vkv's default model when it names none)."""
-    from vkv.lm.load import DEFAULT_MODEL, load_model
 
     name = config.model or DEFAULT_MODEL
     with console.status(f"loading {name} ({config.quant})"):
@@ -78,8 +79,6 @@ def load_from_args(args: argparse.Namespace):
 
 def write_json(path: str | None, obj) -> None:
     if path:
-        from vkv.io import write_json_atomic
-
         write_json_atomic(path, obj)
         console.print(f"wrote {path}")
 
@@ -101,9 +100,6 @@ def parse_list(text: str, cast, what: str) -> list:
 
 
 def tokenizer_for(name: str):
-    from transformers import AutoTokenizer
-
-    from vkv.lm.load import resolve_model_path
 
     path, local = resolve_model_path(name)
     try:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import console, key_value_table, write_json
+from vkv.kv.file import read_header, verify
+from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
 from vkv.settings import add_arguments, from_args, setting
 
 
@@ -22,8 +24,6 @@ class InspectConfig:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from vkv.kv.file import read_header, verify
-    from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
 
     config = from_args(InspectConfig, args)
     header = read_header(args.cache) if config.header_only else verify(args.cache)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import console
+from vkv.lm import zoo
 from vkv.settings import add_arguments, from_args, setting
 
 
@@ -20,7 +21,6 @@ class FetchConfig:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from vkv.lm import zoo
 
     if args.models_command == "fetch":
         zoo.fetch(args.name, force=from_args(FetchConfig, args).force, log=console.print)

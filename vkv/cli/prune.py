@@ -8,6 +8,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict, dataclass
 
+from vkv.backends.lamr.cli import (
+    CorpusCommandConfig,
+    TrainCommandConfig,
+    build_corpus_files,
+    prune_payload,
+    train_from_files,
+)
+from vkv.backends.longcodezip.cli import prune_file
+from vkv.backends.longcodezip.settings import LongCodeZipSettings
 from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.errors import VkvError
 from vkv.settings import add_arguments, check_ranges, from_args, nested, setting
@@ -63,20 +72,15 @@ def prune(path: str, config: PruneConfig) -> dict:
     """The payload `vkv prune` prints (pruned text, token counts, kept lines, the backend's report)."""
     what = {"query": config.query, "budget": config.budget, "ratio": config.ratio, "language": config.language}
     if config.backend == "longcodezip":
-        from vkv.backends.longcodezip.cli import prune_file
-        from vkv.backends.longcodezip.settings import LongCodeZipSettings
-
         settings = LongCodeZipSettings(rank_only=config.rank_only)
         lm = load_model_from(config.model)
         return prune_file(path, **what, settings=settings, json_path=config.json, lm=lm)
-    from vkv.backends.lamr.cli import prune_payload
 
     lamr = {"threshold": config.threshold, "repair": config.repair, "device": config.model.device}
     return prune_payload(path, checkpoint=config.checkpoint, **what, **lamr, json_path=config.json)
 
 
 def cmd_lamr(args: argparse.Namespace) -> int:
-    from vkv.backends.lamr.cli import CorpusCommandConfig, TrainCommandConfig, build_corpus_files, train_from_files
 
     if args.lamr_command == "build-corpus":
         summary = build_corpus_files(**asdict(from_args(CorpusCommandConfig, args)))
@@ -97,7 +101,6 @@ def cmd_lamr(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from vkv.backends.lamr.cli import CorpusCommandConfig, TrainCommandConfig
 
     p = sub.add_parser("prune", help="prune a source file for a query with a text-level backend")
     p.set_defaults(run=cmd_prune, outputs=("json",))

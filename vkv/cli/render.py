@@ -12,6 +12,7 @@ from rich.table import Table
 
 from vkv.cli.common import console, tokenizer_for, write_json
 from vkv.settings import add_arguments, from_args, setting
+from vkv.text.transcript import load_transcript, render
 
 
 @dataclass
@@ -21,7 +22,6 @@ class RenderConfig:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from vkv.text.transcript import load_transcript, render
 
     config = from_args(RenderConfig, args)
     transcript = load_transcript(args.transcript)

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, write_json
 from vkv.settings import add_arguments, from_args, nested, setting
+from vkv.tools.bench import BenchConfig, run_bench
+from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
+from vkv.tools.doctor import check
+from vkv.tools.memory import PlanConfig, run_plan
 
 
 @dataclass
@@ -19,7 +23,6 @@ class DoctorConfig:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from vkv.tools.doctor import check
 
     config = from_args(DoctorConfig, args)
     lm = load_model_from(config.model)
@@ -34,16 +37,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "cache":
-        from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
-
         return run_bench_cache(from_args(CacheBenchConfig, args))
-    from vkv.tools.bench import BenchConfig, run_bench
 
     return run_bench(from_args(BenchConfig, args))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from vkv.tools.memory import PlanConfig, run_plan
 
     return run_plan(from_args(PlanConfig, args))
 
@@ -52,10 +51,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("doctor", help="load a model and check gradients flow to the input embeddings")
     p.set_defaults(run=cmd_doctor, outputs=("json",))
     add_arguments(p, DoctorConfig)
-
-    from vkv.tools.bench import BenchConfig
-    from vkv.tools.bench_cache import CacheBenchConfig
-    from vkv.tools.memory import PlanConfig
 
     p = sub.add_parser("bench", help="benchmarks")
     p.set_defaults(run=cmd_bench, outputs=("json",))

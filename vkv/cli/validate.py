@@ -15,7 +15,10 @@ from rich.table import Table
 from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.cli.eval import eval_units
 from vkv.errors import VkvError
+from vkv.evals.runner import TranscriptEval
+from vkv.evals.validate import check_static
 from vkv.settings import add_arguments, from_args, nested, setting
+from vkv.text.transcript import load_transcript
 
 UNSCORED = ("max_new_tokens",)  # EvalSettings that validation has no use for, so no flag
 
@@ -27,8 +30,6 @@ class ValidateConfig:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from vkv.evals.validate import check_static
-    from vkv.text.transcript import load_transcript
 
     problems, warnings, checked = [], [], []
     for path in args.transcripts:
@@ -59,7 +60,6 @@ def _eval_settings() -> type:
 
 
 def _validate_with_model(config: ValidateConfig, scoring, transcripts) -> list[str]:
-    from vkv.evals.runner import TranscriptEval
 
     lm = load_model_from(config.model)
     min_gap, window = scoring.min_gap, config.window
