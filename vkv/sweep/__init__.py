@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -45,6 +46,7 @@ from vkv.settings import check_ranges, setting
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
 from vkv.sweep.plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
 from vkv.sweep.results import ResultsFile, read_results, results_name
+from vkv.sweep.runner import SweepContext, execute, git_revision
 
 __all__ = [
     "Experiment",
@@ -89,7 +91,6 @@ class SweepConfig:
 
 
 def _device(arg: str) -> str:
-    import torch  # planning and reports import this package; only running a sweep needs torch
 
     local = os.environ.get("LOCAL_RANK")
     if arg == "auto" and local is not None and torch.cuda.is_available():
@@ -122,11 +123,8 @@ def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
         return 0
     if not pending:
         return 0
-    from vkv.sweep.runner import SweepContext, execute, git_revision  # loads torch and the methods: only to run
 
     if config.threads:
-        import torch  # as in _device
-
         torch.set_num_threads(config.threads)
     results = ResultsFile(out / results_name(*shard))
     errors = out / results_name(*shard).replace("results", "errors")

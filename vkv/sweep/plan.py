@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.lm.load import resolve_device, resolve_model_path, resolve_quant
@@ -136,8 +138,6 @@ def identity_hash(identity: dict) -> str:
 
 def _tokenizer(model: str, cache: dict):
     if model not in cache:
-        from transformers import AutoTokenizer
-
         path, local = resolve_model_path(model)
         try:
             cache[model] = AutoTokenizer.from_pretrained(path, local_files_only=local)

@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib.ticker
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from vkv.errors import VkvError
+from vkv.evals.intervals import paired_difference, window_bootstrap
+from vkv.evals.metrics import mean
+from vkv.evals.summary import aggregate, base_transcript
 from vkv.io import write_text_atomic
 from vkv.settings import setting
 from vkv.sweep.results import read_results
@@ -139,9 +143,6 @@ def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], flo
 def rows(results: SweepResults) -> list[dict[str, Any]]:
     """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
     intervals for retention and choice accuracy from a bootstrap over windows."""
-    from vkv.evals.intervals import window_bootstrap  # these load torch: kept out of `vkv --help`
-    from vkv.evals.metrics import mean
-    from vkv.evals.summary import aggregate
 
     out = []
     for (variant, _ratio), group in groups(results).items():
@@ -171,7 +172,6 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
     """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
     at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
     on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval."""
-    from vkv.evals.intervals import paired_difference  # loads torch: kept out of `vkv --help`
 
     grouped = groups(results)
     matches = [key for key in grouped if key[0] == vs] or [
@@ -217,7 +217,6 @@ def _bucket(tokens: int) -> str:
 def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict]:
     """(columns, {(variant, ratio): {column: (mean retention, usable questions)}}) for `distance_tokens`
     (bucketed) or `kind`; questions without the field are left out."""
-    from vkv.evals.metrics import mean  # loads torch: kept out of `vkv --help`
 
     label = _bucket if field_name == "distance_tokens" else str
     cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
@@ -313,7 +312,6 @@ def _breakdown_cells(columns: list[str], row: dict) -> list[str]:
 def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
     """(transcripts, (variant, ratio) rows in table order, {(variant, ratio, transcript): pooled row}): each
     transcript's windows pooled as in `vkv eval`."""
-    from vkv.evals.summary import aggregate, base_transcript  # loads torch: kept out of `vkv --help`
 
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for line in results.lines:
@@ -330,7 +328,6 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
     """(columns, rows, fractions): per window/question, the share of runs answering correctly per variant × ratio.
     Rows: questions the full context answers first, and among them those that survive most compression first,
     so the facts that degrade first sit at the bottom of the known ones."""
-    from vkv.evals.metrics import mean  # loads torch: kept out of `vkv --help`
 
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     columns: dict[str, tuple] = {}
@@ -436,7 +433,6 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]
 
 def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots]); plots() checks it is there
-    import matplotlib.ticker
 
     metrics = (
         ("keyword_accuracy", "keyword accuracy"),
