@@ -176,3 +176,20 @@ def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tm
     assert totals["compressed_ratio"] == pytest.approx(3.2, abs=0.3)
     with pytest.raises(VkvError, match="field max_loss: auto-ratio needs a tolerance"):
         recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", "--auto-ratio"]))
+
+
+def test_a_recipe_saved_by_an_earlier_version_loads_in_todays_spelling():
+    """Sessions and caches written before the ratio left the recipe and head_share became head_budget still load."""
+    old = {
+        "compress": {"ratio": 3.2, "head_share": "all", "optim": {"steps": 3}},
+        "targets": "online",
+        "hybrid": {"fraction": 0.2, "keep_by": "surprisal"},
+        "auto_ratio": None,
+    }
+    config = MultiTurnConfig.from_dict(old)
+    assert config.target_source == "online" and config.keep_verbatim and not config.auto_ratio
+    assert config.verbatim.fraction == 0.2 and config.verbatim.keep_by == "surprisal"
+    assert config.compress.head_budget == "shared" and config.compress.optim.steps == 3
+    assert MultiTurnConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(VkvError, match="unknown CompressConfig setting"):
+        MultiTurnConfig.from_dict({"compress": {"head_shares": "all"}})

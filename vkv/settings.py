@@ -157,6 +157,25 @@ def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
             raise VkvError(f"{where}field {bound.key}: {problem}")
 
 
+class Config:
+    """A config dataclass's dictionary form, generated once from its fields: `to_dict` is `dataclasses.asdict`,
+    `from_dict` builds it back with `from_dict` below (unknown keys refused, ranges checked) and validates it. A config
+    whose files from earlier versions spell things otherwise overrides `upgraded`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "") -> Any:
+        built = from_dict(cls, cls.upgraded(data or {}), where)
+        validate = getattr(built, "validate", None)
+        return validate() if validate is not None else built
+
+    @staticmethod
+    def upgraded(data: dict[str, Any]) -> dict[str, Any]:
+        return data
+
+
 # ---- building configs back ----------------------------------------------------------------------------------
 
 

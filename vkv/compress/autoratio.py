@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
@@ -21,13 +20,13 @@ from vkv.compress.budget import entries_at
 from vkv.compress.targets import Targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
-from vkv.settings import from_dict, setting
+from vkv.settings import Config, setting
 
 DEFAULT_LADDER = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
 
 
 @dataclass
-class AutoRatioConfig:
+class AutoRatioConfig(Config):
     """The tolerance and the ratios tried per turn."""
 
     max_loss: float | None = setting(
@@ -46,13 +45,6 @@ class AutoRatioConfig:
             raise VkvError(f"the ratio ladder must be a non-empty list of ratios ≥ 1, got {list(self.ladder)}")
         self.ladder = tuple(sorted(set(float(r) for r in self.ladder)))
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AutoRatioConfig:
-        return from_dict(cls, d).validate()
 
 
 def v_loss(values: torch.Tensor, targets: Targets) -> list[float]:

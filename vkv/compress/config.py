@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from vkv.compress.distill import DistillConfig
@@ -12,13 +12,13 @@ from vkv.compress.pooling import POOLING_RULES
 from vkv.compress.positions import POSITION_SCHEMES
 from vkv.compress.targets import TARGET_KINDS
 from vkv.errors import VkvError
-from vkv.settings import check_ranges, from_dict, nested, setting
+from vkv.settings import Config, check_ranges, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
 
 
 @dataclass
-class CompressConfig:
+class CompressConfig(Config):
     pooling: str = setting("surprisal", "how tokens are weighted inside a block", lambda: sorted(POOLING_RULES))
     positions: str = setting(
         "centres",
@@ -78,12 +78,9 @@ class CompressConfig:
         or `oversample` times it when each head attends only to its share."""
         return budget if self.head_budget == "shared" else min(available, round(budget * self.oversample))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CompressConfig:
-        return from_dict(cls, upgraded(d))
+    @staticmethod
+    def upgraded(d: dict[str, Any]) -> dict[str, Any]:
+        return upgraded(d)
 
 
 def upgraded(d: dict[str, Any]) -> dict[str, Any]:

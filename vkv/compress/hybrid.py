@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -39,7 +39,7 @@ from vkv.kv.segment import Segment
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import virtual_kv
-from vkv.settings import check_ranges, from_dict, setting
+from vkv.settings import Config, check_ranges, setting
 
 KEEP_BY = ("v-uniqueness", "surprisal")
 
@@ -49,7 +49,7 @@ class ShortTurnWarning(UserWarning):
 
 
 @dataclass
-class HybridConfig:
+class HybridConfig(Config):
     """Which of a span's tokens stay verbatim beside its virtual tokens, and how many."""
 
     fraction: float = setting(0.15, "share of the span's tokens kept verbatim, in [0, 1)", minimum=0)
@@ -67,13 +67,6 @@ class HybridConfig:
                 raise VkvError(f"field {name}: must be a fraction in [0, 1), got {getattr(self, name)}")
         check_ranges(self)
         return self
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> HybridConfig:
-        return from_dict(cls, d).validate()
 
 
 # ---- which tokens stay verbatim -------------------------------------------------------------------

@@ -18,7 +18,7 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,13 +38,13 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations, capture_span, projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
-from vkv.settings import from_dict, nested, setting
+from vkv.settings import Config, nested, setting
 
 TARGET_MODES = ("oracle", "online")
 
 
 @dataclass
-class MultiTurnConfig:
+class MultiTurnConfig(Config):
     """How a span is compressed turn by turn, or as one unit with verbatim tokens or a per-turn ratio: vkv's recipe,
     where the targets come from, the verbatim share and the loss tolerance."""
 
@@ -84,12 +84,9 @@ class MultiTurnConfig:
             )
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> MultiTurnConfig:
-        return from_dict(cls, upgraded_multiturn(d)).validate()
+    @staticmethod
+    def upgraded(d: dict[str, Any]) -> dict[str, Any]:
+        return upgraded_multiturn(d)
 
 
 def upgraded_multiturn(d: dict[str, Any]) -> dict[str, Any]:
