@@ -139,7 +139,7 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
     printed = capsys.readouterr().out
     assert "keyword acc" in printed and "vkv pooling=surprisal" in printed and "something" in printed
     out = sweep_dir / "report"
-    for png in ("quality_vs_ratio.png", "loss_curves.png", "question_heatmap.png"):
+    for png in ("quality_vs_ratio.png", "retention_vs_distance.png", "loss_curves.png", "question_heatmap.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
@@ -189,7 +189,31 @@ def test_breakdown_by_distance_and_kind(sweep_dir):
     results = load(sweep_dir)
     columns, cells = breakdown(results, "distance_tokens")
     assert columns == ["0–127", "128–511", "512–2047"]  # questions at 0, 300 and 600 tokens
-    assert cells[("truncate", 2.0)] == {"0–127": (0.2, 1), "128–511": (1.0, 1), "512–2047": (0.2, 1)}
+    row = cells[("truncate", 2.0)]
+    assert {c: (cell.mean, cell.questions) for c, cell in row.items()} == {
+        "0–127": (0.2, 1),
+        "128–511": (1.0, 1),
+        "512–2047": (0.2, 1),
+    }
+    assert all(cell.low <= cell.mean <= cell.high for cell in row.values())
     columns, cells = breakdown(results, "kind")
     assert columns == ["change", "decision"]
-    assert cells[("truncate", 2.0)]["decision"] == (pytest.approx(0.2), 2)
+    assert (cells[("truncate", 2.0)]["decision"].mean, cells[("truncate", 2.0)]["decision"].questions) == (
+        pytest.approx(0.2),
+        2,
+    )
+
+
+def test_distance_buckets_reach_past_four_thousand_tokens():
+    from vkv.sweep.report import _bucket
+
+    assert [_bucket(t) for t in (0, 127, 128, 2047, 2048, 4095, 4096, 7900)] == [
+        "0–127",
+        "0–127",
+        "128–511",
+        "512–2047",
+        "2048–4095",
+        "2048–4095",
+        "≥4096",
+        "≥4096",
+    ]

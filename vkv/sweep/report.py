@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib.ticker
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -27,7 +26,12 @@ from vkv.settings import setting
 from vkv.sweep.results import read_results
 
 REFERENCES = ("full", "none")
-PLOTS = {"quality": "quality_vs_ratio.png", "loss": "loss_curves.png", "heatmap": "question_heatmap.png"}
+PLOTS = {
+    "quality": "quality_vs_ratio.png",
+    "distance": "retention_vs_distance.png",
+    "loss": "loss_curves.png",
+    "heatmap": "question_heatmap.png",
+}
 
 
 @dataclass
@@ -203,7 +207,7 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: (r["ratio_requested"] or 0.0, r["variant"]))
 
 
-DISTANCE_BUCKETS = (0, 128, 512, 2048)  # tokens between a question's nearest evidence and the span's end
+DISTANCE_BUCKETS = (0, 128, 512, 2048, 4096)  # tokens between a question's nearest evidence and the span's end
 
 
 def _bucket(tokens: int) -> str:
@@ -214,24 +218,40 @@ def _bucket(tokens: int) -> str:
     raise AssertionError("unreachable")
 
 
-def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict]:
-    """(columns, {(variant, ratio): {column: (mean retention, usable questions)}}) for `distance_tokens`
-    (bucketed) or `kind`; questions without the field are left out."""
+@dataclass(frozen=True)
+class Cell:
+    """Mean retention of a breakdown's cell, its usable questions and its window-bootstrap interval."""
+
+    mean: float
+    questions: int
+    low: float
+    high: float
+
+
+def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[tuple, dict[str, Cell]]]:
+    """(columns, {(variant, ratio): {column: Cell}}) for `distance_tokens` (bucketed) or `kind`, seeds averaged per
+    question; questions without the field are left out."""
 
     label = _bucket if field_name == "distance_tokens" else str
-    cells: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    cells: dict[tuple, dict[str, dict]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for key, group in groups(results).items():
         for line in group:
+            window = line["result"]["transcript"]
             for q in line["result"]["questions"]:
                 if q.get(field_name) in (None, "") or q["weak"] or q["retention"] is None:
                     continue
-                cells[key][label(q[field_name])].append(q["retention"])
+                cells[key][label(q[field_name])][(window, q["id"])].append(q["retention"])
     if field_name == "distance_tokens":
         order = [_bucket(b) for b in DISTANCE_BUCKETS]
         columns = [c for c in order if any(c in row for row in cells.values())]
     else:
         columns = sorted({c for row in cells.values() for c in row})
-    return columns, {key: {c: (mean(v), len(v)) for c, v in row.items()} for key, row in cells.items()}
+    return columns, {key: {c: _cell_interval(values) for c, values in row.items()} for key, row in cells.items()}
+
+
+def _cell_interval(values: dict[tuple, list[float]]) -> Cell:
+    interval = window_bootstrap({k: sum(v) / len(v) for k, v in values.items()})
+    return Cell(interval.mean, interval.questions, interval.low, interval.high)
 
 
 def splits(results: SweepResults) -> list[str]:
@@ -305,8 +325,11 @@ def _paired_cells(row: dict) -> list[str]:
     ]
 
 
-def _breakdown_cells(columns: list[str], row: dict) -> list[str]:
-    return [f"{row[c][0]:.3f} ({row[c][1]})" if c in row and row[c][0] is not None else "—" for c in columns]
+def _breakdown_cells(columns: list[str], row: dict[str, Cell]) -> list[str]:
+    return [
+        f"{row[c].mean:.3f} [{row[c].low:.2f}, {row[c].high:.2f}] ({row[c].questions})" if c in row else "—"
+        for c in columns
+    ]
 
 
 def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
@@ -425,32 +448,47 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]
         return []
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, draw in (("quality", _plot_quality), ("loss", _plot_losses), ("heatmap", _plot_heatmap)):
+    draws = (
+        ("quality", _plot_quality),
+        ("distance", _plot_distance),
+        ("loss", _plot_losses),
+        ("heatmap", _plot_heatmap),
+    )
+    for name, draw in draws:
         if draw(results, table_rows, out / PLOTS[name]):
             written.append(PLOTS[name])
     return written
 
 
 def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
+    """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
+    in memory; choice accuracy and retention carry their window-bootstrap intervals as error bars."""
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots]); plots() checks it is there
+    import matplotlib.ticker  # optional dependency, as above
 
-    metrics = (
-        ("keyword_accuracy", "keyword accuracy"),
-        ("choice_accuracy", "choice accuracy"),
-        ("mean_retention", "mean retention"),
+    panels = (  # (y metric, its interval, x metric, title)
+        ("keyword_accuracy", None, "ratio_achieved", "keyword accuracy"),
+        ("choice_accuracy", "choice_ci", "ratio_achieved", "choice accuracy"),
+        ("mean_retention", "retention_ci", "ratio_achieved", "mean retention"),
+        ("mean_retention", "retention_ci", "span_memory_kib", "mean retention against bytes in memory"),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5), sharex=True)
     curves = defaultdict(list)
     for row in table_rows:
         if row["method"] not in REFERENCES and row["ratio_achieved"]:
             curves[row["variant"]].append(row)
     if not curves:
-        plt.close(fig)
         return False
-    for ax, (key, title) in zip(axes, metrics):
+    fig, axes = plt.subplots(1, len(panels), figsize=(20, 4.5))
+    for ax, (key, interval, x_key, title) in zip(axes, panels):
         for variant, pts in sorted(curves.items()):
-            pts = sorted(pts, key=lambda r: r["ratio_achieved"])
-            ax.plot([p["ratio_achieved"] for p in pts], [p[key] for p in pts], marker="o", label=variant)
+            pts = sorted((p for p in pts if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
+            if not pts:
+                continue
+            errors = None
+            if interval and all(p.get(interval) for p in pts):
+                errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
+            xs, ys = [p[x_key] for p in pts], [p[key] for p in pts]
+            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant)
         for ref, style in zip(REFERENCES, ("--", ":")):
             values = [r[key] for r in table_rows if r["method"] == ref and r[key] is not None]
             if values:
@@ -458,13 +496,50 @@ def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> 
                     values[0], color="grey", linestyle=style, label="full context" if ref == "full" else "no context"
                 )
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}×"))
-        ax.set_xlabel("achieved ratio (span tokens per entry)")
+        if x_key == "ratio_achieved":
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}×"))
+            ax.set_xlabel("achieved ratio (span tokens per entry)")
+        else:
+            ax.set_xlabel("span KiB in memory per window (decoding cache)")
         ax.set_title(title)
         low = min([0.0] + [p[key] for pts in curves.values() for p in pts if p[key] is not None])
         ax.set_ylim(low - 0.05, 1.05)
         ax.grid(alpha=0.3)
     axes[-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+DISTANCE_RATIO = 8.0  # the retention-by-distance plot is drawn at the requested ratio nearest this one
+
+
+def _plot_distance(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
+    """Retention by distance bucket, one line per method variant, at the requested ratio nearest DISTANCE_RATIO,
+    with window-bootstrap intervals as error bars."""
+    import matplotlib.pyplot as plt  # optional dependency, as above
+
+    columns, cells = breakdown(results, "distance_tokens")
+    ratios = {ratio for (_, ratio) in cells if ratio}
+    if len(columns) < 2 or not ratios:
+        return False
+    ratio = min(ratios, key=lambda r: (abs(r - DISTANCE_RATIO), r))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for (variant, at), row in sorted(cells.items(), key=lambda kv: kv[0][0]):
+        if at != ratio:
+            continue
+        points = [(i, row[c]) for i, c in enumerate(columns) if c in row]
+        errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
+        ax.errorbar(
+            [i for i, _ in points], [c.mean for _, c in points], yerr=errors, marker="o", capsize=3, label=variant
+        )
+    ax.set_xticks(range(len(columns)), [f"{c} tokens" for c in columns], rotation=15)
+    ax.set_xlabel("distance from a question's latest evidence to the end of the compressed span")
+    ax.set_ylabel("mean retention (usable questions)")
+    ax.set_title(f"retention by distance at {ratio:g}×")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -621,10 +696,15 @@ BREAKDOWNS = (  # (question field, section title, what the cells hold)
     (
         "distance_tokens",
         "Retention by distance",
-        "Mean retention of usable questions (and their count) by the number of tokens between the question's "
+        "Mean retention of usable questions [95% window-bootstrap interval] (and their count) by the number of "
+        "tokens between the question's "
         "nearest evidence (its latest source turn in the span) and the end of the compressed span.",
     ),
-    ("kind", "Retention by question kind", "Mean retention of usable questions (and their count)."),
+    (
+        "kind",
+        "Retention by question kind",
+        "Mean retention of usable questions [95% window-bootstrap interval] (and their count).",
+    ),
 )
 
 
@@ -646,7 +726,10 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
 
 
 CAPTIONS = {
-    PLOTS["quality"]: "## Quality vs achieved ratio\n\nDashed: full context; dotted: no context.",
+    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nDashed: full context; dotted: no context; "
+    "bars: 95% window-bootstrap intervals.",
+    PLOTS["distance"]: "## Retention against distance\n\nAt the requested ratio nearest 8×; bars: 95% window-bootstrap "
+    "intervals.",
     PLOTS["loss"]: "## Optimisation loss curves",
     PLOTS["heatmap"]: "## Which facts degrade first\n\nShare of runs whose greedy answer passes the keyword "
     "check, per question and column; rows with the fewest correct cells are at the bottom.",
