@@ -1,7 +1,8 @@
 """`vkv doctor`, `vkv bench` and `vkv plan`: checks, speed and memory of this machine and model.
 
 Every flag is a field of the command's config: `DoctorConfig` (here), `BenchConfig` (vkv.tools.bench),
-`CacheBenchConfig` (vkv.tools.bench_cache) and `PlanConfig` (vkv.tools.memory)."""
+`CacheBenchConfig` (vkv.tools.bench_cache), `ScalingBenchConfig` (vkv.tools.bench_scaling) and `PlanConfig`
+(vkv.tools.memory)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from vkv.cli.common import ModelConfig, console, key_value_table, load_model_fro
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.tools.bench import BenchConfig, run_bench
 from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
+from vkv.tools.bench_scaling import ScalingBenchConfig, run_bench_scaling
 from vkv.tools.doctor import check
 from vkv.tools.memory import PlanConfig, run_plan
 
@@ -38,12 +40,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "cache":
         return run_bench_cache(from_args(CacheBenchConfig, args))
-
+    if args.bench_command == "scaling":
+        return run_bench_scaling(from_args(ScalingBenchConfig, args))
     return run_bench(from_args(BenchConfig, args))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-
     return run_plan(from_args(PlanConfig, args))
 
 
@@ -59,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_arguments(optimizer, BenchConfig)
     cache = bsub.add_parser("cache", help="bytes, peak memory and decode time of compressed caches: padded vs ragged")
     add_arguments(cache, CacheBenchConfig)
+    scaling = bsub.add_parser(
+        "scaling", help="each method's compression seconds and peak memory against context length"
+    )
+    add_arguments(scaling, ScalingBenchConfig)
     p = sub.add_parser("plan", help="memory budget of a compression run, computed from the model config")
     p.set_defaults(run=cmd_plan, outputs=("json",))
     add_arguments(p, PlanConfig)

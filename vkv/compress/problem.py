@@ -7,6 +7,7 @@ hybrid, sequential compression and the speed benchmark all build their problems 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -45,9 +46,8 @@ class SpanProblem:
     weights: torch.Tensor  # [pooled tokens] pooling weights, summing to 1 within each block
     targets: Targets
     positions: torch.Tensor  # [k] float32 logical positions
-    readout: AttentionTargets | None = (
-        None  # the span's own queries and the mass they give it (fit_bias, head-wise budgets)
-    )
+    readout: AttentionTargets | None = None  # the span's own queries and the mass they give them (bias, budgets)
+    readout_seconds: float = 0.0  # what building `readout` took (its share of the problem's time)
 
     @property
     def k(self) -> int:
@@ -95,8 +95,9 @@ class SpanProblem:
         )
         token_positions = torch.arange(start, end) if tokens is None else start + tokens
         positions = virtual_positions(config.positions, start, end, k, blocks.centres(token_positions))
+        started = time.perf_counter()
         readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if needs_readout(config) else None
-        return cls(blocks, weights, targets, positions, readout)
+        return cls(blocks, weights, targets, positions, readout, time.perf_counter() - started)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""

@@ -8,6 +8,7 @@ so nothing they carry was computed with the uncompressed span in view.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
@@ -45,10 +46,12 @@ def virtual_segment(
     (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
     when not given)."""
     start, end = acts.start, acts.end
+    started = time.perf_counter()
     problem = SpanProblem.build(
         lm, ids, acts, config.virtual_tokens(budget, end - start), config, message_starts, attention
     )
     positions = problem.positions
+    built = time.perf_counter()
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
     if config.distill.validate().steps:
@@ -63,8 +66,18 @@ def virtual_segment(
             "best_kl": min(trace),
             "trace": trace,
         }
+    optimised = time.perf_counter()
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
+    kv_done = time.perf_counter()
     bias, separable = problem.bias(config, keys, budget)
+    stats["phase_seconds"] = {  # where the time went: pooled targets, the span's read-out queries, the optimiser
+        # (and distillation), the virtual tokens' K/V, the biases (with head-wise budgets, each head's share)
+        "targets": round(built - started - problem.readout_seconds, 4),
+        "readout": round(problem.readout_seconds, 4),
+        "optimise": round(optimised - built, 4),
+        "kv": round(kv_done - optimised, 4),
+        "bias": round(time.perf_counter() - kv_done, 4),
+    }
     return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
 
 
