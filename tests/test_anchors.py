@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
-from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls
+from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls, solve_spd
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.kv.spliced import SplicedCache
@@ -50,6 +50,23 @@ def test_refitted_values_read_better_on_held_back_queries():
     truth = SpanReadout(held, readout.keys, readout.values).outputs()
     error = {v: (compact(fit, 10, values=v).outputs(held, readout) - truth).pow(2).mean() for v in ("refit", "keep")}
     assert error["refit"] < error["keep"]
+
+
+def test_the_ridge_solve_is_right_with_several_cpu_threads():
+    """A batch of systems the size am solves on a 1k-token span at 8x (90 rows of about 200 slots): with two threads,
+    MKL's batched LU (torch.linalg.solve) returned garbage or failed here; the Cholesky solve matches float64."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(90, 198, 198, generator=g)
+    a = a @ a.transpose(1, 2) / 198 + 0.1 * torch.eye(198)
+    b = torch.randn(90, 198, 64, generator=g)
+    exact = torch.linalg.solve(a.double(), b.double())
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        x = solve_spd(a, b)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(x.double(), exact, rtol=1e-3, atol=1e-3)
 
 
 def test_omp_keeps_the_mass_better_than_top_attention():

@@ -203,4 +203,13 @@ def ridge_values(readout: SpanReadout, compaction: Compaction, ridge: float) -> 
     lam = ridge * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-12)[:, None, None]
     eye = torch.eye(gram.shape[-1])[None]
     rhs = p.transpose(1, 2) @ readout.outputs() + lam * compaction.values
-    return torch.linalg.solve(gram + lam * eye, rhs)
+    return solve_spd(gram + lam * eye, rhs)
+
+
+def solve_spd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x with a x = b for symmetric positive definite `a` `[batch, n, n]` and `b` `[batch, n, k]`, by Cholesky.
+
+    Not `torch.linalg.solve`: on CPU builds with MKL, its batched LU returns garbage, or fails on its pivots, for
+    batches of a few hundred-row systems when torch runs more than one thread (tests/test_anchors.py holds such a
+    case); Cholesky is right for these systems and cheaper."""
+    return torch.cholesky_solve(b, torch.linalg.cholesky(a))
