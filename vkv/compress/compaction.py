@@ -42,6 +42,10 @@ class SpanReadout:
         rows, (n, dim) = keys.shape[0] * keys.shape[1], keys.shape[2:]
         return cls(queries.reshape(rows, -1, dim), keys.reshape(rows, n, dim), values.reshape(rows, n, dim))
 
+    def rows(self, part: slice) -> SpanReadout:
+        """The readout of rows `part` only."""
+        return SpanReadout(self.queries[part], self.keys[part], self.values[part])
+
     def scores(self) -> torch.Tensor:
         return self.queries @ self.keys.transpose(1, 2)  # [R, m, n]
 
@@ -91,22 +95,43 @@ def compact(
     kv_heads: int = 1,
 ) -> Compaction:
     """The compaction of every row of `readout` (rows are layer-major, `kv_heads` per layer) keeping t entries per
-    row, or t per row on average over a layer's heads with `head_budget="adaptive"` (compress/head_budget.py)."""
+    row, or t per row on average over a layer's heads with `head_budget="adaptive"` (compress/head_budget.py).
+
+    Rows are fitted one layer at a time: every reference query's attention over the span `[rows, m, n]` is the
+    largest tensor here, and a layer's share of it keeps a long span's compaction within memory; each row's fit
+    depends only on its own layer (the shared head budget's choice, over all layers, is made first)."""
     rows, n, _ = readout.keys.shape
     if not 1 <= t <= n:
         raise ValueError(f"cannot keep {t} of {n} entries")
-    attention = readout.attention()  # P [R, m, n]
-    weights = None
-    if selection == "omp":
-        if head_budget != "uniform":
-            raise ValueError(f"head budget '{head_budget}' with OMP selection is not implemented")
-        index, weights = omp(attention, t)
-        real = torch.ones_like(index, dtype=torch.bool)
-    elif selection == "attention":
-        index, real = per_head_index(attention.mean(1).reshape(-1, kv_heads, n), t, head_budget)
-        index, real = index.reshape(rows, -1), real.reshape(rows, -1)
-    else:
+    if selection not in SELECTIONS:
         raise ValueError(f"unknown selection '{selection}'; choose one of {', '.join(SELECTIONS)}")
+    if selection == "omp" and head_budget != "uniform":
+        raise ValueError(f"head budget '{head_budget}' with OMP selection is not implemented")
+    if bias not in BIASES:
+        raise ValueError(f"unknown bias '{bias}'; choose one of {', '.join(BIASES)}")
+    if values not in VALUES:
+        raise ValueError(f"unknown values '{values}'; choose one of {', '.join(VALUES)}")
+    layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
+    if selection == "attention":
+        mean_attention = torch.cat([readout.rows(layer).attention().mean(1) for layer in layers])  # [R, n]
+        index, real = per_head_index(mean_attention.reshape(-1, kv_heads, n), t, head_budget)
+        index, real = index.reshape(rows, -1), real.reshape(rows, -1)
+    parts = []
+    for layer in layers:
+        part = readout.rows(layer)
+        attention = part.attention()  # P [kv_heads, m, n]
+        weights = None
+        if selection == "omp":
+            layer_index, weights = omp(attention, t)
+            layer_real = torch.ones_like(layer_index, dtype=torch.bool)
+        else:
+            layer_index, layer_real = index[layer], real[layer]
+        parts.append(_fit(part, attention, layer_index, layer_real, weights, bias, values, ridge, iterations, n))
+    return Compaction(*(torch.cat([getattr(p, f) for p in parts]) for f in ("index", "bias", "values", "real")))
+
+
+def _fit(readout, attention, index, real, weights, bias, values, ridge, iterations, n) -> Compaction:
+    """The biases and values of the kept entries `index` `[r, t]` of `readout`'s rows (`attention` its P)."""
     if bias == "fit":
         kept = attention.gather(2, index[:, None, :].expand(-1, attention.shape[1], -1)) * real[:, None, :]
         if weights is not None:  # start from OMP's weights or from all ones, whichever fits better
@@ -116,16 +141,12 @@ def compact(
         beta = nnls(kept, iterations, weights).clamp_min(1e-12).log()
     elif bias == "shared":  # log(n / t) with each row's own count of entries
         beta = (n / real.sum(-1, keepdim=True).float()).log().expand(index.shape).clone()
-    elif bias == "none":
-        beta = torch.zeros(index.shape)
     else:
-        raise ValueError(f"unknown bias '{bias}'; choose one of {', '.join(BIASES)}")
+        beta = torch.zeros(index.shape)
     kept_values = readout.values.gather(1, index[..., None].expand(-1, -1, readout.values.shape[-1]))
     result = Compaction(index, beta.masked_fill(~real, MASKED), kept_values, real)
     if values == "refit":
         result.values = ridge_values(readout, result, ridge)
-    elif values != "keep":
-        raise ValueError(f"unknown values '{values}'; choose one of {', '.join(VALUES)}")
     return result
 
 
