@@ -5,6 +5,7 @@ import torch
 
 from tests.conftest import FIXTURES
 from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls, solve_spd
+from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.kv.spliced import SplicedCache
@@ -194,3 +195,12 @@ def test_fit_bias_for_the_spans_own_keys_is_zero_and_for_fewer_keys_beats_its_st
     keep = masked[0].isfinite()  # the same fit as for the kept keys alone
     alone = fit_bias(readout.queries, readout.log_mass(), keys[:, keep], start[:, keep])
     torch.testing.assert_close(refitted[:, keep], alone)
+
+
+def test_a_reconstruction_pass_past_the_models_positions_is_refused_saying_what_fits(evaluation, monkeypatch):
+    work = evaluation.work
+    monkeypatch.setattr(work.lm.model.config, "max_position_embeddings", work.end + 20)
+    with pytest.raises(
+        VkvError, match=r"reads the span's \d+ tokens again after it: reaches position .*spans of up to"
+    ):
+        get_method("kvzip").compress(work, 2.0)

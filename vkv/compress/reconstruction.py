@@ -36,6 +36,14 @@ class ReconstructionPass:
         prefix = work.prefix_cache()
         request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
         span = list(work.ids[work.start : work.end])
+        fits = (lm.max_positions or 0) - prefix.next_position - len(request)  # span tokens the read-out leaves room for
+        lm.check_positions(
+            prefix.next_position + 2 * len(span) + len(request),
+            f"the reconstruction pass (kvzip's scores, am's reconstruction queries) reads the span's {len(span)} "
+            f"tokens again after it",
+            f"spans of up to {max(0, fits // 2)} tokens fit after this context; compress this one in turns "
+            "(--per-turn) or in shorter windows",
+        )
         context = Context(lm, prefix)
         base, first = context.length, len(span) + len(request)  # read-out: fed tokens [first, first + n)
         with projection_hooks(lm, first, first + len(span), queries=True) as store:

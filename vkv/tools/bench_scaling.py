@@ -86,10 +86,15 @@ def measure(lm: FrozenLM, config: ScalingBenchConfig, length: int, log) -> list[
     records = [{**base, "method": "prefill", "seconds": round(prefill, 3), "peak_mb": _round(peak["mb"])}]
     for name in config.methods:
         torch.manual_seed(config.seed)
-        with working_memory(lm.device) as peak:
-            started = time.perf_counter()
-            result = get_method(name).compress(work, config.ratio)
-            seconds = time.perf_counter() - started
+        try:
+            with working_memory(lm.device) as peak:
+                started = time.perf_counter()
+                result = get_method(name).compress(work, config.ratio)
+                seconds = time.perf_counter() - started
+        except VkvError as exc:  # refused at this length (e.g. past the model's positions): the others go on
+            records.append({**base, "method": name, "error": str(exc)})
+            log(f"  {name}: refused: {exc}")
+            continue
         segments = list(result) if isinstance(result, SegmentGroup) else [result]
         phases = segments[0].stats.get("phase_seconds") if len(segments) == 1 else None
         records.append(
@@ -103,7 +108,7 @@ def exponents(records: list[dict]) -> dict[str, float | None]:
     """Per method, the slope of log seconds against log span length (None with fewer than two lengths)."""
     out: dict[str, float | None] = {}
     for name in dict.fromkeys(r["method"] for r in records):
-        points = [(r["span_tokens"], r["seconds"]) for r in records if r["method"] == name and r["seconds"] > 0]
+        points = [(r["span_tokens"], r["seconds"]) for r in records if r["method"] == name and r.get("seconds", 0) > 0]
         if len({n for n, _ in points}) < 2:
             out[name] = None
             continue
@@ -133,7 +138,7 @@ def table(records: list[dict], fitted: dict[str, float | None]) -> Table:
     t.add_column("exponent", justify="right")
     for name, exponent in fitted.items():
         cells = {r["span_tokens"]: r for r in records if r["method"] == name}
-        row = [f"{cells[n]['seconds']:.2f} ({_mb(cells[n]['peak_mb'])})" if n in cells else "—" for n in lengths]
+        row = [_seconds_cell(cells.get(n)) for n in lengths]
         t.add_row(name, *row, "—" if exponent is None else f"{exponent:.2f}")
     return t
 
@@ -149,7 +154,7 @@ def draw(records: list[dict], fitted: dict[str, float | None], path: str) -> boo
         return False
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, exponent in fitted.items():
-        pts = sorted((r["span_tokens"], r["seconds"]) for r in records if r["method"] == name)
+        pts = sorted((r["span_tokens"], r["seconds"]) for r in records if r["method"] == name and "seconds" in r)
         label = name if exponent is None else f"{name} (exponent {exponent:.2f})"
         ax.plot([n for n, _ in pts], [s for _, s in pts], marker="o", label=label)
     ax.set_xscale("log", base=2)
@@ -189,6 +194,14 @@ def run_bench_scaling(config: ScalingBenchConfig) -> int:
     write_json_atomic(config.json, {**summary, "exponents": fitted, "phase_exponents": phases, "records": records})
     console.print(f"benchmark took {seconds:.0f} s; wrote {config.json}")
     return 0
+
+
+def _seconds_cell(record: dict | None) -> str:
+    if record is None:
+        return "—"
+    if "error" in record:
+        return "refused"
+    return f"{record['seconds']:.2f} ({_mb(record['peak_mb'])})"
 
 
 def _round(mb: float | None) -> float | None:
