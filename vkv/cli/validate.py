@@ -15,7 +15,7 @@ from rich.table import Table
 from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.cli.eval import eval_units
 from vkv.errors import VkvError
-from vkv.evals.runner import TranscriptEval
+from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript
@@ -44,19 +44,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         checked.append(transcript)
     config = from_args(ValidateConfig, args)
     if config.model.model and checked:
-        warnings += _validate_with_model(config, from_args(_eval_settings(), args), checked)
+        warnings += _validate_with_model(config, from_args(EvalSettings, args), checked)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False)
     for p in problems:
         console.print(f"[bold red]problem:[/] {escape(p)}", highlight=False)
     console.print(f"{len(args.transcripts)} transcript(s): {len(problems)} problem(s), {len(warnings)} warning(s)")
     return 1 if problems else 0
-
-
-def _eval_settings() -> type:
-    from vkv.evals.runner import EvalSettings  # loads torch: kept out of `vkv --help`'s imports
-
-    return EvalSettings
 
 
 def _validate_with_model(config: ValidateConfig, scoring, transcripts) -> list[str]:
@@ -101,4 +95,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_validate)
     p.add_argument("transcripts", nargs="+")
     add_arguments(p, ValidateConfig)
-    add_arguments(p.add_argument_group("scoring"), _eval_settings(), skip=UNSCORED)
+    add_arguments(p.add_argument_group("scoring"), EvalSettings, skip=UNSCORED)

@@ -9,9 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers.utils import logging as hf_logging
 
 from vkv.errors import VkvError
 from vkv.lm import zoo
+from vkv.lm.frozen import FrozenLM
 
 if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
@@ -81,9 +85,6 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
 def _in_hub_cache(name: str) -> bool:
     """Whether the Hugging Face cache already holds `name`'s config (so it loads without the network)."""
     try:
-        # heavy: the command line checks model names at startup, and only a bare name gets here
-        from huggingface_hub import try_to_load_from_cache
-
         return isinstance(try_to_load_from_cache(name, "config.json"), str)
     except Exception:  # an id the hub library refuses is not in its cache either
         return False
@@ -96,12 +97,6 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> FrozenLM:
     """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
-    # heavy: the command line reads this module's constants at startup, before it needs transformers (which
-    # FrozenLM's module imports too)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    from vkv.lm.frozen import FrozenLM
 
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise VkvError(f"attention implementation '{attn_implementation}' is not supported; use sdpa or eager")
@@ -128,8 +123,6 @@ def load_model(
 
 def _quant_kwargs(quant: str, device: torch.device) -> dict[str, Any]:
     if quant in ("8bit", "4bit"):
-        from transformers import BitsAndBytesConfig  # heavy: as in load_model
-
         compute = torch.float32 if device.type == "cpu" else torch.bfloat16
         if quant == "8bit":
             bnb = BitsAndBytesConfig(load_in_8bit=True)

@@ -11,7 +11,9 @@ call only, so memory at rest stays the compressed size. Plain PyTorch: the same 
 from __future__ import annotations
 
 import torch
+from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
 from vkv.errors import VkvError
 from vkv.kv.ragged import RAGGED_TAG, RaggedLayer
@@ -133,10 +135,6 @@ def attention_function(name: str):
 
 def register() -> None:
     """Register vkv's implementations with transformers (idempotent)."""
-    # heavy: transformers' registries pull in its modelling code, a slow import that a model being loaded has paid
-    # already and the command line starting up should not
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
     for name, (_, mask) in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, attention_function(name))

