@@ -3,7 +3,7 @@
 The public API, imported on first use (so `import vkv` stays light):
 
     lm = vkv.load_model("smollm2-135m")                       # a FrozenLM
-    spliced = vkv.compress_span(lm, ids, start, end, vkv.CompressConfig(ratio=3.2))
+    spliced = vkv.compress_span(lm, ids, start, end, 3.2, vkv.CompressConfig())    # at 3.2 span tokens per entry
     vkv.save_cache(spliced, "c.safetensors"); vkv.load_cache("c.safetensors", lm)
     cache = lm.ragged_cache(spliced)                          # a transformers Cache for model.generate()
     session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
