@@ -624,6 +624,18 @@ def _fmt(value, digits: int = 0, suffix: str = "") -> str:
 
 
 @dataclass
+class BenchModel:
+    """The one model a benchmark loads (nested in its config: the flags stay `--model`, `--quant`, `--device`)."""
+
+    model: str = setting("smollm2-135m", "alias, directory or hub id")
+    quant: str = setting("fp32", "quantisation of the model")
+    device: str = setting("cpu", "cpu, cuda, cuda:N or auto")
+
+    def load(self) -> FrozenLM:
+        return load_model(self.model, quant=self.quant, device=self.device)
+
+
+@dataclass
 class BenchConfig:
     """`vkv bench optimizer`'s settings."""
 

@@ -29,13 +29,12 @@ from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
-from vkv.lm.load import load_model
 from vkv.lm.splice import splice
 from vkv.methods import get_method
-from vkv.settings import check_ranges, setting
+from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
 from vkv.text.windows import turn_windows, window_transcript
-from vkv.tools.bench import working_memory
+from vkv.tools.bench import BenchModel, working_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "gen-ci-failure-2.json"
@@ -203,9 +202,7 @@ def _mb(value: float | None) -> str:
 
 @dataclass
 class CacheBenchConfig:
-    model: str = setting("smollm2-135m", "alias, directory or hub id")
-    quant: str = setting("fp32", "quantisation of the model")
-    device: str = setting("cpu", "cpu, cuda, cuda:N or auto")
+    model: BenchModel = nested(BenchModel)
     transcript: str = setting(str(DEFAULT_TRANSCRIPT), "the transcript whose windows are used")
     windows: tuple[int, ...] = setting(
         (512, 2048), "window sizes in tokens (the longest window of each size)", minimum=1
@@ -229,7 +226,7 @@ def run_bench_cache(config: CacheBenchConfig) -> int:
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     started = time.perf_counter()
-    lm = load_model(config.model, quant=config.quant, device=config.device)
+    lm = config.model.load()
     records: list[dict[str, Any]] = []
     for i, tokens in enumerate(config.windows, 1):
         console.print(
@@ -241,7 +238,7 @@ def run_bench_cache(config: CacheBenchConfig) -> int:
     write_json_atomic(
         config.json,
         {
-            "model": config.model,
+            "model": config.model.model,
             "device": str(lm.device),
             "seconds": round(seconds, 1),
             "config": asdict(config),

@@ -30,11 +30,10 @@ from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
 from vkv.kv.segment import SegmentGroup
 from vkv.lm.frozen import FrozenLM
-from vkv.lm.load import load_model
 from vkv.methods import METHODS, get_method
-from vkv.settings import check_ranges, setting
+from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
-from vkv.tools.bench import working_memory
+from vkv.tools.bench import BenchModel, working_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "flaky-ci-debugging.json"  # 11.5k tokens on the test model
@@ -42,9 +41,7 @@ DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "flaky-ci-debugging.json"  #
 
 @dataclass
 class ScalingBenchConfig:
-    model: str = setting("smollm2-135m", "alias, directory or hub id")
-    quant: str = setting("fp32", "quantisation of the model")
-    device: str = setting("cpu", "cpu, cuda, cuda:N or auto")
+    model: BenchModel = nested(BenchModel)
     transcript: str = setting(str(DEFAULT_TRANSCRIPT), "a transcript at least as long as the longest window")
     lengths: tuple[int, ...] = setting(
         (512, 1024, 2048, 4096, 7680), "window lengths in tokens (the transcript's first tokens)", minimum=64
@@ -176,7 +173,7 @@ def run_bench_scaling(config: ScalingBenchConfig) -> int:
     console = Console(width=None if sys.stdout.isatty() else 200)
     torch.set_num_threads(config.threads)
     started = time.perf_counter()
-    lm = load_model(config.model, quant=config.quant, device=config.device)
+    lm = config.model.load()
     records: list[dict[str, Any]] = []
     for i, length in enumerate(sorted(config.lengths), 1):
         console.print(
@@ -190,7 +187,12 @@ def run_bench_scaling(config: ScalingBenchConfig) -> int:
     if config.plot and draw(records, fitted, config.plot):
         console.print(f"wrote {config.plot}")
     seconds = time.perf_counter() - started
-    summary = {"model": config.model, "device": str(lm.device), "seconds": round(seconds, 1), "config": asdict(config)}
+    summary = {
+        "model": config.model.model,
+        "device": str(lm.device),
+        "seconds": round(seconds, 1),
+        "config": asdict(config),
+    }
     write_json_atomic(config.json, {**summary, "exponents": fitted, "phase_exponents": phases, "records": records})
     console.print(f"benchmark took {seconds:.0f} s; wrote {config.json}")
     return 0
