@@ -51,7 +51,6 @@ class ChatConfig:
 def open_session(source: str, lm, recipe):
     """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
     a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig)."""
-
     path = Path(source)
     if path.suffix == ".json":
         session = Session(lm, recipe)
@@ -110,7 +109,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def slash_command(session, line: str) -> bool:
     """Carry out a /command (True: end the chat); an unknown one is refused, never sent to the model."""
-
     command, _, rest = line.partition(" ")
     if command in ("/quit", "/exit"):
         return True

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from transformers import AutoTokenizer
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
 from vkv.lm.load import DEFAULT_MODEL, QUANTS, load_model, resolve_model_path
-from vkv.settings import add_arguments, from_args, setting
+from vkv.settings import setting
 from vkv.text.transcript import load_transcript
 from vkv.text.windows import window_transcript
 
@@ -26,7 +25,6 @@ errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, w
 def recorded_transcript(cache_path, header: dict, override: str | None = None):
     """The transcript a cache file was built from (its recorded path, or `override`), checked against the recorded
     hash and cut to the recorded window."""
-
     recorded = header.get("transcript", {})
     path = override or recorded.get("path")
     if not path:
@@ -61,20 +59,11 @@ class ModelConfig:
     attn: str = setting("sdpa", "attention implementation", choices=("sdpa", "eager"))
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    add_arguments(p, ModelConfig)
-
-
 def load_model_from(config: ModelConfig):
     """The model `config` names (vkv's default model when it names none)."""
-
     name = config.model or DEFAULT_MODEL
     with console.status(f"loading {name} ({config.quant})"):
         return load_model(name, quant=config.quant, device=config.device, attn_implementation=config.attn)
-
-
-def load_from_args(args: argparse.Namespace):
-    return load_model_from(from_args(ModelConfig, args))
 
 
 def write_json(path: str | None, obj) -> None:
@@ -100,7 +89,6 @@ def parse_list(text: str, cast, what: str) -> list:
 
 
 def tokenizer_for(name: str):
-
     path, local = resolve_model_path(name)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=local)

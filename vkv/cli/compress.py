@@ -15,7 +15,6 @@ from vkv.compress.single import compress_transcript, render_within_positions
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
-from vkv.lm.load import DEFAULT_MODEL
 from vkv.progress import step_bar
 from vkv.settings import add_arguments, flat_settings, from_args, from_flat, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
@@ -69,9 +68,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if config.pooling == "attention":
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
-    tokenizer = tokenizer_for(
-        command.model.model or DEFAULT_MODEL
-    )  # the span's length, and so a ratio it cannot take, known before the model
+    # the span's length, and so a ratio it cannot take, is known from the tokenizer before the model loads
+    tokenizer = tokenizer_for(command.model.model)  # main() fills in the default model
     if command.window:
         transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
     turns = parse_turn_span(command.span, transcript)
@@ -131,7 +129,6 @@ def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -
 def _memory(path: str) -> dict:
     """What the written cache takes when it decodes: the whole cache's bytes, the compressed segments' and the ratio in
     memory (from its header's counts, as `vkv inspect` gives them)."""
-
     stored = storage(path, read_header(path))
     keys = ("memory_bytes", "compressed_memory_bytes", "ratio_memory")
     return {k: stored[k] for k in keys if k in stored}
@@ -139,7 +136,6 @@ def _memory(path: str) -> dict:
 
 def check_store(store: str, plan: MultiTurnConfig) -> None:
     """Refuse a --store value, or a multi-turn plan whose segments it cannot hold, before any work is done."""
-
     if store not in STORES:
         raise VkvError(f"--store {store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
     if store == "kv":
@@ -157,14 +153,12 @@ def check_store(store: str, plan: MultiTurnConfig) -> None:
 
 def save_with_store(spliced, command: CompressCommand, lm, transcript) -> None:
     """Write the cache as --store says; an embeddings-only file needs the rendered ids of its verbatim segments."""
-
     ids = render_within_positions(lm, transcript).ids if command.store == "embeddings" else None
     save_cache(spliced, command.out, store=command.store, ids=ids)
 
 
 def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
     """The index-th of a transcript's windows that carry questions, in transcript order."""
-
     windows = select_windows(transcript, render(transcript, tokenizer), max_tokens)
     if not 0 <= index < len(windows):
         raise VkvError(f"--window-index {index}: {transcript.path} has {len(windows)} windows with questions")

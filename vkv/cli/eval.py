@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass
 
 from rich.table import Table
@@ -28,7 +27,6 @@ def eval_units(
     lm, paths: list[str], span: str | None, window: int | None, max_windows: int | None, span_only: bool = False
 ):
     """(transcript, turns) for each evaluation unit: whole transcripts, a span, the span alone, or windows."""
-
     for path in paths:
         transcript = load_transcript(path)
         if span_only:
@@ -123,17 +121,14 @@ def method_options() -> dict[str, MethodOption]:
     per_turn, mass, …) is one flag; its default is each method's own."""
     out: dict[str, MethodOption] = {}
     for cls in METHODS.values():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if not f.init or "help" not in f.metadata:
+        for s in flat_settings(cls):
+            if not s.help:  # not declared with setting(): a config object (recipe, verbatim) or internal state
                 continue
-            key = f"{cls.name}_{f.name}" if f.name in TAKEN else f.name
+            key = f"{cls.name}_{s.key}" if s.key in TAKEN else s.key
             if key in out:
                 out[key] = dataclasses.replace(out[key], owners=(*out[key].owners, cls.name))
-                continue
-            bounds = (f.metadata.get("choices"), f.metadata.get("minimum"), f.metadata.get("above", False))
-            setting = Setting(key, (f.name,), f.default, hints[f.name], f.metadata["help"], *bounds)
-            out[key] = MethodOption(setting, f.name, (cls.name,))
+            else:
+                out[key] = MethodOption(dataclasses.replace(s, key=key), s.key, (cls.name,))
     return out
 
 

@@ -84,8 +84,7 @@ class CompressConfig(Config):
 
 
 def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-    """A recipe as files written by earlier versions record it, in today's spelling, so that saved sessions and caches
-    still load: the ratio lived in the recipe before each command took its own, and `head_share` (all, uniform,
+    """A recipe as sessions saved by earlier versions record it, in today's spelling, so that they still load: the ratio lived in the recipe before each command took its own, and `head_share` (all, uniform,
     adaptive) became the `head_budget` every method shares (shared, uniform, adaptive)."""
     d = {k: v for k, v in (d or {}).items() if k != "ratio"}
     if "head_share" in d:

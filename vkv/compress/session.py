@@ -56,7 +56,7 @@ class Session:
         """Add messages, each kept verbatim; the session changes only if all of them render and feed."""
         parsed = [as_message(m, len(self.messages) + i) for i, m in enumerate(messages)]
         turns, ids, text = self._rendering_with(parsed)
-        cache = SplicedCache(list(self.cache.segments), self.cache.next_position)
+        cache = self.cache.fork()
         append_verbatim(self.lm, cache, ids, turns)
         self.messages += parsed
         self.turns += turns
@@ -162,7 +162,6 @@ class Session:
     def generate(self, question: str, answer_prefix: str = "", **generate_kwargs: Any) -> str:
         """An answer from transformers' `generate()` continuing the compressed conversation (sampling, beams,
         streamers: any of its keyword arguments); the session is not changed."""
-
         answer = generate(self.lm, self.cache, self.prompt_ids(question, answer_prefix), **generate_kwargs)[0]
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 

@@ -106,7 +106,6 @@ def compress_span(
 
 def render_within_positions(lm: FrozenLM, transcript):
     """The transcript rendered by the model's tokenizer, refused when it is longer than the model's positions."""
-
     rendered = render(transcript, lm.tokenizer)
     lm.check_positions(len(rendered.ids), f"{transcript.path or transcript.id} ({len(rendered.ids)} tokens)")
     return rendered
@@ -121,7 +120,6 @@ def compress_transcript(
     on_step: Callable[[int, float], None] | None = None,
 ) -> SplicedCache:
     """Render, compress messages [turns[0], turns[1]) at `ratio` and record what a cache file needs to be checked later."""
-
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
     starts = [s.start for s in rendered.spans]

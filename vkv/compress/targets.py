@@ -190,7 +190,6 @@ def compaction_targets(
     tokens against the anchors'); `head_budget` shared or
     uniform): keys (post-RoPE) and values `[layers, kv_heads, k, head_dim]`, and per
     slot the span-relative token kept there by the most heads `[k]`."""
-
     layers, kv_heads, n, dim = acts.values.shape
     positions = torch.arange(acts.start, acts.end, dtype=torch.float32)
     keys = torch.stack([lm.rotate(k.to(lm.device), positions).float().cpu() for k in acts.keys_pre_rope])

@@ -24,6 +24,10 @@ class SplicedCache:
     next_position: int = 0
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def fork(self) -> SplicedCache:
+        """A copy to append to without changing this one (the segments themselves are shared, not copied)."""
+        return SplicedCache(list(self.segments), self.next_position)
+
     def append(self, segment: Segment, next_position: int | None = None) -> None:
         if segment.kind not in KINDS:
             raise VkvError(f"unknown segment kind '{segment.kind}'")

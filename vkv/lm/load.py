@@ -97,7 +97,6 @@ def load_model(
     attn_implementation: str = "sdpa",
 ) -> FrozenLM:
     """Load `name` (hub id, directory or alias) frozen, quantised as asked, on `device`."""
-
     if attn_implementation not in ATTENTION_IMPLEMENTATIONS:
         raise VkvError(f"attention implementation '{attn_implementation}' is not supported; use sdpa or eager")
     dev = resolve_device(device)

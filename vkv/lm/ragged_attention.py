@@ -135,7 +135,6 @@ def attention_function(name: str):
 
 def register() -> None:
     """Register vkv's implementations with transformers (idempotent)."""
-
     for name, (_, mask) in IMPLEMENTATIONS.items():
         AttentionInterface.register(name, attention_function(name))
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[mask])

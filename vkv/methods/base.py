@@ -7,12 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from vkv.errors import VkvError
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.lm.frozen import FrozenLM
 from vkv.methods.turns import compress_per_turn
 from vkv.methods.work import SpanWork, TextWork
-from vkv.settings import check_ranges, setting
+from vkv.settings import check_value, flat_settings, setting
 
 
 @dataclass
@@ -42,16 +41,10 @@ class Method:
         raise NotImplementedError
 
     def check(self) -> None:
-        """Raise VkvError on an option outside its declared choices (before any work is done)."""
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            allowed = choices() if callable(choices) else choices
-            if allowed is not None and getattr(self, f.name) not in allowed:
-                raise VkvError(
-                    f"{self.name}: field {f.name}: unknown value {getattr(self, f.name)!r}; "
-                    f"choose one of {', '.join(allowed)}"
-                )
-        check_ranges(self, f"{self.name}: ")
+        """Raise VkvError on an option outside its declared type, choices or range (before any work is done): the
+        check sweeps and the command line make, `settings.check_value`."""
+        for s in flat_settings(type(self)):
+            check_value(s, getattr(self, s.key), f"{self.name}: ")
 
     def config(self) -> dict[str, Any]:
         """Every option with its effective value: what the run's identity and results record."""

@@ -15,7 +15,6 @@ class LongCodeZipMethod(TextMethod):
     settings: Any = None  # a backends.longcodezip Settings; None: its defaults
 
     def prune(self, work: TextWork, ratio: float) -> list[str]:
-
         pruner = LongCodeZip(work.lm, settings=self.settings)
         result = pruner.prune_messages([m.content for m in work.messages], work.query, ratio=ratio)
         return result.report["messages"]

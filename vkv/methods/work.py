@@ -132,14 +132,14 @@ class TurnWork(SpanWork):
             work.seed,
             message_roles=work.message_roles,
             kv_start=turn.start,
-            history=SplicedCache(list(history.segments), history.next_position),
+            history=history.fork(),
         )
 
     def prefix(self) -> KVPrefix:
         return self.lm.prefix(self.history)
 
     def prefix_cache(self) -> SplicedCache:
-        return SplicedCache(list(self.history.segments), self.history.next_position)
+        return self.history.fork()
 
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
         (ks, ke), (qs, qe) = key_range, query_range

@@ -188,7 +188,6 @@ def _flatten(grid: dict, where: str) -> dict:
 
 def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
-
     for key in point:
         _renamed(where, key)
     name = point["method"]
@@ -251,7 +250,6 @@ def jsonable(value: Any) -> Any:
 
 def build_method(point: dict):
     """The method object a point describes; its recipe carries the run's seed."""
-
     name = point["method"]
     options = {
         opt: _option(name, opt, v)

@@ -85,7 +85,6 @@ def _unit(sub, turns, parent, kind: str) -> Unit:
 
 def turn_count_windows(transcript, n: int, limit: int | None):
     """Windows of n consecutive messages after the system message that carry questions, most questions first."""
-
     if not isinstance(n, int) or n < 1:
         raise VkvError(f"window_turns must be a positive number of messages, got {n!r}")
     first, end = transcript.default_span()
@@ -97,7 +96,6 @@ def turn_count_windows(transcript, n: int, limit: int | None):
 
 def plan(experiment: Experiment, device: str = "auto") -> list[Run]:
     """Every run of the experiment, each once, grouped by model then unit (file order within)."""
-
     dev = resolve_device(device)
     settings = {**eval_keys(), **experiment.eval}
     EvalSettings(**settings)  # type check early

@@ -147,7 +147,6 @@ def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], flo
 def rows(results: SweepResults) -> list[dict[str, Any]]:
     """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
     intervals for retention and choice accuracy from a bootstrap over windows."""
-
     out = []
     for (variant, _ratio), group in groups(results).items():
         pooled = aggregate([{**g["result"], "method": variant} for g in group], by_transcript=False)[0]
@@ -176,7 +175,6 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
     """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
     at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
     on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval."""
-
     grouped = groups(results)
     matches = [key for key in grouped if key[0] == vs] or [
         key for key in grouped if grouped[key][0]["run"]["method"] == vs
@@ -231,7 +229,6 @@ class Cell:
 def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[tuple, dict[str, Cell]]]:
     """(columns, {(variant, ratio): {column: Cell}}) for `distance_tokens` (bucketed) or `kind`, seeds averaged per
     question; questions without the field are left out."""
-
     label = _bucket if field_name == "distance_tokens" else str
     cells: dict[tuple, dict[str, dict]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for key, group in groups(results).items():
@@ -335,7 +332,6 @@ def _breakdown_cells(columns: list[str], row: dict[str, Cell]) -> list[str]:
 def per_transcript(results: SweepResults) -> tuple[list[str], list[tuple[str, Any]], dict]:
     """(transcripts, (variant, ratio) rows in table order, {(variant, ratio, transcript): pooled row}): each
     transcript's windows pooled as in `vkv eval`."""
-
     grouped: dict[tuple, list[dict]] = defaultdict(list)
     for line in results.lines:
         result = line["result"]
@@ -351,7 +347,6 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
     """(columns, rows, fractions): per window/question, the share of runs answering correctly per variant × ratio.
     Rows: questions the full context answers first, and among them those that survive most compression first,
     so the facts that degrade first sit at the bottom of the known ones."""
-
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     columns: dict[str, tuple] = {}
     for line in results.lines:

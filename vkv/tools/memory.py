@@ -82,7 +82,6 @@ class Shapes:
 
 def load_config(model: str):
     """A transformers config for a preset name, a vkv alias, a directory, or a cached hub id (never downloads)."""
-
     if model in PRESETS:
         settings = dict(PRESETS[model])
         return AutoConfig.for_model(settings.pop("model_type"), **settings)
