@@ -40,6 +40,7 @@ class SweepResults:
     lines: list[dict]  # one per run: the sweep record with its eval JSON under "result"
     errors: list[dict] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    breakdowns: dict[str, tuple] = field(default_factory=dict, repr=False)  # breakdown()'s by field, computed once
 
 
 def load(directory: str | Path) -> SweepResults:
@@ -229,6 +230,12 @@ class Cell:
 def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[tuple, dict[str, Cell]]]:
     """(columns, {(variant, ratio): {column: Cell}}) for `distance_tokens` (bucketed) or `kind`, seeds averaged per
     question; questions without the field are left out."""
+    if field_name not in results.breakdowns:
+        results.breakdowns[field_name] = _breakdown(results, field_name)
+    return results.breakdowns[field_name]
+
+
+def _breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[tuple, dict[str, Cell]]]:
     label = _bucket if field_name == "distance_tokens" else str
     cells: dict[tuple, dict[str, dict]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for key, group in groups(results).items():
