@@ -5,6 +5,7 @@ import torch
 
 from tests.conftest import FIXTURES
 from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls, solve_spd
+from vkv.compress.reconstruction import ReconstructionPass
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
@@ -199,8 +200,26 @@ def test_fit_bias_for_the_spans_own_keys_is_zero_and_for_fewer_keys_beats_its_st
 
 def test_a_reconstruction_pass_past_the_models_positions_is_refused_saying_what_fits(evaluation, monkeypatch):
     work = evaluation.work
-    monkeypatch.setattr(work.lm.model.config, "max_position_embeddings", work.end + 20)
+    monkeypatch.setattr(work.lm.model.config, "max_position_embeddings", work.end + 20)  # room for no chunk
     with pytest.raises(
-        VkvError, match=r"reads the span's \d+ tokens again after it: reaches position .*spans of up to"
+        VkvError,
+        match=r"reads the span's \d+ tokens out again after it, in chunks of at least 64: reaches position "
+        r".*spans of up to \d+ tokens fit",
     ):
         get_method("kvzip").compress(work, 2.0)
+
+
+def test_a_span_too_long_to_read_out_twice_is_read_out_in_chunks_within_the_models_positions(evaluation, monkeypatch):
+    work = evaluation.work
+    span = work.end - work.start
+    whole = ReconstructionPass.run(work, chunk=span, score=True)
+    assert torch.equal(whole.scores, ReconstructionPass.run(work, chunk=4 * span, score=True).scores)
+    monkeypatch.setattr(work.lm.model.config, "max_position_embeddings", work.end + span // 2 + 40)
+    chunked = ReconstructionPass.run(work, chunk=4 * span, score=True)  # positions force chunks shorter than asked
+    assert chunked.positions.max() < work.lm.max_positions
+    assert chunked.queries.shape == whole.queries.shape and chunked.scores.shape == whole.scores.shape
+    assert chunked.scores.isfinite().all() and (chunked.scores > 0).all()
+    first = chunked.positions[1:] - chunked.positions[:-1] != 1
+    assert int(first.sum()) >= 1  # at least two chunks, each read after its own request
+    segment = get_method("kvzip", chunk=64).compress(work, 2.0)  # end to end, and within the positions
+    assert segment.keys.shape[2] == work.budget(2.0) or segment.kind == "compact"

@@ -98,14 +98,16 @@ def test_reconstruction_on_a_running_cache_equals_the_pass_on_the_full_context(e
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
     history = SplicedCache()
     history.append(verbatim_segment(work.kv.slice(0, turn.start), 0))
-    on_cache = ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm)
+    on_cache = ReconstructionPass.run(TurnWork.on_cache(work, history, turn), 2048, score=True).scores
     direct = SpanWork(work.lm, work.ids, turn.start, turn.end, work.kv, work.acts, work.message_starts)
-    torch.testing.assert_close(on_cache, ReconstructionPass.run(direct).scores(work.lm), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(on_cache, ReconstructionPass.run(direct, 2048, score=True).scores, atol=1e-5, rtol=1e-4)
     history.segments[0].bias = torch.zeros(history.segments[0].keys.shape[:3])  # a zero bias changes nothing
-    zero = ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm)
+    zero = ReconstructionPass.run(TurnWork.on_cache(work, history, turn), 2048, score=True).scores
     torch.testing.assert_close(zero, on_cache, atol=1e-5, rtol=1e-4)
     history.segments[0].bias[..., :4] = 3.0  # a bias on the context draws the read-out's attention away
-    assert not torch.allclose(ReconstructionPass.run(TurnWork.on_cache(work, history, turn)).scores(work.lm), zero)
+    assert not torch.allclose(
+        ReconstructionPass.run(TurnWork.on_cache(work, history, turn), 2048, score=True).scores, zero
+    )
 
 
 def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_path, tmp_path, capsys):

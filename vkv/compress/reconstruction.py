@@ -1,6 +1,13 @@
 """The question-free reconstruction pass (KVzip's trick): after the context, the model is asked to repeat the span
 and reads it out again; the queries of that read-out attend to the span the way a request that needs the span
 would. They score entries (KVzip: the most attention an entry receives) and serve as reference queries.
+
+A long span is read out in chunks, as KVzip does: every chunk is fed on top of the whole span (the fed tokens of
+the previous chunk removed first), the first after "repeat the previous context", each later one after "repeat the
+part … starting with" and the last few tokens before it. So the pass needs the span's positions plus one chunk's,
+not twice the span's, and its memory is one chunk's attention over the context. Unlike KVzip, which normalises a
+chunk's attention over that chunk's own slice of the context, every read-out query here scores every span entry
+with its softmax over everything it sees, so a span read in one chunk gets the same scores as before chunking.
 """
 
 from __future__ import annotations
@@ -12,71 +19,62 @@ import torch
 from vkv.lm.capture import projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.settings import setting
 
 REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
+REPEAT_PART_REQUEST = "\n\nRepeat the part of the previous context exactly, starting with"
+QUOTED_TOKENS = 8  # the previous chunk's last tokens that the request for the next chunk quotes (KVzip's count)
+MIN_CHUNK = 64  # a read-out shorter than this spends more tokens on its request than on the span
+
+
+def chunk_setting():
+    """The read-out's chunk length, declared once for every method that runs the pass."""
+    return setting(
+        2048,
+        "the reconstruction pass reads the span out in chunks of at most this many tokens, each after the whole "
+        "span; where the model's positions leave less room after the span, chunks are shorter",
+        minimum=MIN_CHUNK,
+    )
 
 
 @dataclass
 class ReconstructionPass:
     """The read-out of a span after the context it is compressed in (the verbatim conversation, or per turn the
-    running compressed cache) and the repeat request. Rows are physical cache indices, positions logical ones."""
+    running compressed cache) and the repeat request, chunk after chunk."""
 
-    span_rows: tuple[int, int]  # where the span's own entries sit among the fed rows
     queries: torch.Tensor  # [layers, heads, n, head_dim] pre-RoPE queries of the repeated span tokens
     positions: torch.Tensor  # [n] their logical positions
-    query_rows: torch.Tensor  # [n] their rows among the fed rows (each sees the rows up to its own)
-    keys: list[torch.Tensor]  # per layer [kv_heads, N_layer, head_dim] post-RoPE keys of the whole pass
-    bias: list[torch.Tensor]  # per layer [kv_heads, N_layer] float32: every entry's bias (−inf on padding)
-    fed: list[int]  # per layer, the row of `keys` where the fed rows start (after the context's own entries)
+    scores: torch.Tensor | None  # [layers, kv_heads, n] KVzip's importance of each span entry (when asked for)
 
     @classmethod
-    def run(cls, work) -> ReconstructionPass:
-        """Feed the span, the request and the span again on top of `work.prefix_cache()`; record the read-out."""
+    def run(cls, work, chunk: int, score: bool = False) -> ReconstructionPass:
+        """Feed the span, then each chunk's request and the chunk on top of `work.prefix_cache()`; record the
+        read-out's queries and, with `score`, each entry's largest attention from any of them."""
         lm = work.lm
         prefix = work.prefix_cache()
-        request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
         span = list(work.ids[work.start : work.end])
-        fits = (lm.max_positions or 0) - prefix.next_position - len(request)  # span tokens the read-out leaves room for
-        lm.check_positions(
-            prefix.next_position + 2 * len(span) + len(request),
-            f"the reconstruction pass (kvzip's scores, am's reconstruction queries) reads the span's {len(span)} "
-            f"tokens again after it",
-            f"spans of up to {max(0, fits // 2)} tokens fit after this context; compress this one in turns "
-            "(--per-turn) or in shorter windows",
-        )
+        request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
+        part = lm.tokenizer(REPEAT_PART_REQUEST, add_special_tokens=False)["input_ids"]
+        size = read_out_chunk(lm, prefix.next_position, len(span), len(request), len(part) + QUOTED_TOKENS, chunk)
         context = Context(lm, prefix)
-        base, first = context.length, len(span) + len(request)  # read-out: fed tokens [first, first + n)
-        with projection_hooks(lm, first, first + len(span), queries=True) as store:
-            context.feed(span + request + span)
-        layers = [layer.materialize() for layer in context.cache.layers]
-        return cls(
-            (base, base + len(span)),
-            torch.stack(store["queries_pre_rope"]),
-            torch.arange(len(span)).float() + prefix.next_position + first,
-            torch.arange(len(span)) + base + first,
-            [keys[0] for keys, _, _ in layers],
-            [bias[0] for _, _, bias in layers],
-            [layer.slots + layer.loaded for layer in context.cache.layers],
-        )
-
-    def scores(self, lm: FrozenLM) -> torch.Tensor:
-        """KVzip's importance of each span entry `[layers, kv_heads, n]`: the largest attention it receives from any
-        read-out query of any query head sharing its KV head (softmax over every entry that query sees, the
-        context's entry biases included)."""
-        group = lm.spec.num_heads // lm.spec.num_kv_heads
-        out = []
-        for layer, keys in enumerate(self.keys):
-            q = lm.rotate(self.queries[layer].to(lm.device).float(), self.positions)  # [H, nq, D]
-            k = keys.float().repeat_interleave(group, dim=0)  # [H, N, D]
-            scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
-            scores += self.bias[layer].to(scores.device).repeat_interleave(group, dim=0)[:, None]
-            fed = self.fed[layer]
-            rows = self.query_rows.to(scores.device) + fed
-            visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= rows[:, None]
-            span = slice(self.span_rows[0] + fed, self.span_rows[1] + fed)
-            probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, span]
-            out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
-        return torch.stack(out).cpu()
+        base = context.length
+        queries, positions, scores = [], [], None
+        for lo in range(0, len(span), size):
+            piece = span[lo : lo + size]
+            fed = span + request + piece if lo == 0 else part + span[max(0, lo - QUOTED_TOKENS) : lo] + piece
+            start, first = context.length, len(fed) - len(piece)  # fed rows of this call; where the piece starts
+            at = torch.arange(len(piece)).float() + context.position + first
+            with projection_hooks(lm, first, first + len(piece), queries=True) as store:
+                context.feed(fed)
+            q = torch.stack(store["queries_pre_rope"])
+            if score:
+                rows = torch.arange(len(piece)) + start + first
+                s = chunk_scores(lm, context, q, at, rows, (base, base + len(span)))
+                scores = s if scores is None else torch.maximum(scores, s)
+            queries.append(q)
+            positions.append(at)
+            context.rewind(base + len(span))
+        return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
     def reference_queries(self, lm: FrozenLM, count: int) -> torch.Tensor:
         """`count` evenly spaced read-out queries per query head, post-RoPE at their positions and scaled by
@@ -90,3 +88,45 @@ class ReconstructionPass:
             q = lm.rotate(self.queries[layer, :, picked].to(lm.device).float(), self.positions[picked]).cpu()
             out.append(q.reshape(kv_heads, heads // kv_heads * len(picked), dim) * dim**-0.5)
         return torch.stack(out)
+
+
+def read_out_chunk(lm: FrozenLM, after: int, span: int, request: int, later_request: int, chunk: int) -> int:
+    """The chunk length the pass uses: the whole span when it fits in one chunk, else at most `chunk` and short
+    enough that a chunk and its request fit in the model's positions after the span (which starts at position
+    `after`); refuses, before any pass, a span that leaves room for less than MIN_CHUNK tokens, saying which fit."""
+    limit = lm.max_positions or after + 2 * span + max(request, later_request)
+    if span <= min(chunk, limit - after - span - request):
+        return span
+    size = min(chunk, limit - after - span - max(request, later_request))
+    if size < MIN_CHUNK:
+        need = after + span + max(request, later_request) + MIN_CHUNK
+        lm.check_positions(
+            need,
+            f"the reconstruction pass (kvzip's scores, am's reconstruction queries) reads the span's {span} tokens "
+            f"out again after it, in chunks of at least {MIN_CHUNK}",
+            f"spans of up to {max(0, span - (need - limit))} tokens fit after this context; compress this one in "
+            "turns (--per-turn) or in shorter windows",
+        )
+    return size
+
+
+def chunk_scores(
+    lm: FrozenLM, context: Context, queries: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span_rows
+) -> torch.Tensor:
+    """The largest attention each span entry `[layers, kv_heads, n]` receives from one chunk's read-out queries
+    (`[layers, heads, c, head_dim]` pre-RoPE at `positions`, fed rows `rows`), over any query head sharing its KV head
+    (softmax over every entry that query sees, the context's entry biases included)."""
+    group = lm.spec.num_heads // lm.spec.num_kv_heads
+    out = []
+    for layer, cache_layer in enumerate(context.cache.layers):
+        keys, _, bias = cache_layer.materialize()
+        fed = cache_layer.slots + cache_layer.loaded  # where the fed rows start among the materialised ones
+        q = lm.rotate(queries[layer].to(lm.device).float(), positions)  # [H, c, D]
+        k = keys[0].float().repeat_interleave(group, dim=0)  # [H, N, D]
+        scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
+        scores += bias[0].to(scores.device).repeat_interleave(group, dim=0)[:, None]
+        visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= (rows.to(scores.device) + fed)[:, None]
+        span = slice(span_rows[0] + fed, span_rows[1] + fed)
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, span]
+        out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
+    return torch.stack(out).cpu()

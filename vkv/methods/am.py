@@ -9,7 +9,7 @@ import torch
 
 from vkv.compress.compaction import SpanReadout, compact
 from vkv.compress.head_budget import head_budget_setting
-from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.reconstruction import ReconstructionPass, chunk_setting
 from vkv.compress.targets import attention_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
@@ -44,11 +44,12 @@ class AttentionMatching(PerTurnMethod):
     )
     ridge: float = setting(1e-2, "pulls refitted values toward the kept entries' own", minimum=0)
     head_budget: str = head_budget_setting()
+    chunk: int = chunk_setting()
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
-        queries = reference_queries(work, self.queries, self.num_queries)
+        queries = reference_queries(work, self.queries, self.num_queries, self.chunk)
         readout = SpanReadout.per_head(queries, keys, values)
         try:
             result = compact(
@@ -73,9 +74,10 @@ class AttentionMatching(PerTurnMethod):
         )
 
 
-def reference_queries(work: SpanWork, source: str, count: int) -> torch.Tensor:
+def reference_queries(work: SpanWork, source: str, count: int, chunk: int) -> torch.Tensor:
     """`[layers, kv_heads, group * queries, head_dim]`, post-RoPE and scaled: the span's own queries moved past the
-    span (what a request right after it asks first), a reconstruction pass's, or both."""
+    span (what a request right after it asks first), a reconstruction pass's (read out in chunks of at most `chunk`
+    tokens), or both."""
     parts = []
     if source in ("span", "both"):
         acts = work.acts
@@ -83,5 +85,5 @@ def reference_queries(work: SpanWork, source: str, count: int) -> torch.Tensor:
             acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
         parts.append(attention_targets(work.lm, acts, torch.zeros(1), count).queries)
     if source in ("reconstruction", "both"):
-        parts.append(ReconstructionPass.run(work).reference_queries(work.lm, count))
+        parts.append(ReconstructionPass.run(work, chunk).reference_queries(work.lm, count))
     return torch.cat(parts, dim=2)

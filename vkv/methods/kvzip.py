@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.reconstruction import ReconstructionPass, chunk_setting
 from vkv.methods.eviction import ScorerMethod
 from vkv.methods.work import SpanWork
 
@@ -15,6 +15,7 @@ from vkv.methods.work import SpanWork
 @dataclass
 class KVzip(ScorerMethod):
     name = "kvzip"
+    chunk: int = chunk_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
-        return ReconstructionPass.run(work).scores(work.lm)  # [layers, kv_heads, n]
+        return ReconstructionPass.run(work, self.chunk, score=True).scores  # [layers, kv_heads, n]
