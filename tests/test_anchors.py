@@ -5,11 +5,12 @@ import torch
 
 from tests.conftest import FIXTURES
 from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls, solve_spd
-from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.reconstruction import REPEAT_REQUEST, ReconstructionPass
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.attention import query_hooks
 from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
@@ -207,6 +208,37 @@ def test_a_reconstruction_pass_past_the_models_positions_is_refused_saying_what_
         r".*spans of up to \d+ tokens fit",
     ):
         get_method("kvzip").compress(work, 2.0)
+
+
+def read_out_scores_in_one_forward(work) -> torch.Tensor:
+    """KVzip's scores by the plain definition: one forward over the context, the request and the span again; each span
+    entry's largest attention from any query of the repeated span, over the query heads sharing its KV head."""
+    lm = work.lm
+    request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
+    ids = list(work.ids[: work.end]) + request + list(work.ids[work.start : work.end])
+    first = work.end + len(request)
+    cache = lm.new_cache()
+    with torch.no_grad(), query_hooks(lm, first, len(ids)) as queries:
+        lm.decoder(torch.tensor([ids]), cache)
+    group = lm.spec.num_heads // lm.spec.num_kv_heads
+    out = []
+    for q, layer in zip(queries, cache.layers):
+        q = lm.rotate(q.float(), torch.arange(first, len(ids)))
+        k = layer.keys[0].float().repeat_interleave(group, dim=0)
+        scores = (q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5).masked_fill(
+            torch.arange(len(ids))[None, :] > torch.arange(first, len(ids))[:, None], float("-inf")
+        )
+        probs = scores.softmax(-1)[:, :, work.start : work.end].amax(1)
+        out.append(probs.reshape(lm.spec.num_kv_heads, group, -1).amax(1))
+    return torch.stack(out)
+
+
+def test_the_reconstruction_pass_on_the_spans_own_kv_scores_as_one_forward_over_the_span_read_out_again(evaluation):
+    work = evaluation.work
+    expected = read_out_scores_in_one_forward(work)
+    torch.testing.assert_close(
+        ReconstructionPass.run(work, chunk=2048, score=True).scores, expected, atol=1e-5, rtol=1e-4
+    )
 
 
 def test_a_span_too_long_to_read_out_twice_is_read_out_in_chunks_within_the_models_positions(evaluation, monkeypatch):

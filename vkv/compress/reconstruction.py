@@ -2,12 +2,13 @@
 and reads it out again; the queries of that read-out attend to the span the way a request that needs the span
 would. They score entries (KVzip: the most attention an entry receives) and serve as reference queries.
 
-A long span is read out in chunks, as KVzip does: every chunk is fed on top of the whole span (the fed tokens of
-the previous chunk removed first), the first after "repeat the previous context", each later one after "repeat the
-part … starting with" and the last few tokens before it. So the pass needs the span's positions plus one chunk's,
-not twice the span's, and its memory is one chunk's attention over the context. Unlike KVzip, which normalises a
-chunk's attention over that chunk's own slice of the context, every read-out query here scores every span entry
-with its softmax over everything it sees, so a span read in one chunk gets the same scores as before chunking.
+The span's K/V are the ones the model computed for it in its context (not computed again), and a long span is read
+out in chunks, as KVzip does: every chunk is fed on top of the whole span (the fed tokens of the previous chunk
+removed first), the first after "repeat the previous context", each later one after "repeat the part … starting
+with" and the last few tokens before it. So the pass needs the span's positions plus one chunk's, not twice the
+span's, and its memory is one chunk's attention over the context. Unlike KVzip, which normalises a chunk's
+attention over that chunk's own slice of the context, every read-out query here scores every span entry with its
+softmax over everything it sees, so a span read in one chunk gets KVzip's scores unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.kv.segment import verbatim_segment
 from vkv.lm.capture import projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
@@ -48,32 +50,35 @@ class ReconstructionPass:
 
     @classmethod
     def run(cls, work, chunk: int, score: bool = False) -> ReconstructionPass:
-        """Feed the span, then each chunk's request and the chunk on top of `work.prefix_cache()`; record the
+        """Feed each chunk's request and the chunk on top of `work.prefix_cache()` and the span's own K/V; record the
         read-out's queries and, with `score`, each entry's largest attention from any of them."""
         lm = work.lm
-        prefix = work.prefix_cache()
+        context_cache = work.prefix_cache()
         span = list(work.ids[work.start : work.end])
         request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
         part = lm.tokenizer(REPEAT_PART_REQUEST, add_special_tokens=False)["input_ids"]
-        size = read_out_chunk(lm, prefix.next_position, len(span), len(request), len(part) + QUOTED_TOKENS, chunk)
-        context = Context(lm, prefix)
-        base = context.length
+        size = read_out_chunk(
+            lm, context_cache.next_position, len(span), len(request), len(part) + QUOTED_TOKENS, chunk
+        )
+        context_cache.append(
+            verbatim_segment(work.kv.slice(work.start - work.kv_start, work.end - work.kv_start), work.start)
+        )
+        context = Context(lm, context_cache)  # the span is its last dense entries, as the model computed them
         queries, positions, scores = [], [], None
         for lo in range(0, len(span), size):
             piece = span[lo : lo + size]
-            fed = span + request + piece if lo == 0 else part + span[max(0, lo - QUOTED_TOKENS) : lo] + piece
-            start, first = context.length, len(fed) - len(piece)  # fed rows of this call; where the piece starts
+            fed = (request if lo == 0 else part + span[max(0, lo - QUOTED_TOKENS) : lo]) + piece
+            first = len(fed) - len(piece)  # where the piece starts among the fed tokens
             at = torch.arange(len(piece)).float() + context.position + first
             with projection_hooks(lm, first, first + len(piece), queries=True) as store:
                 context.feed(fed)
             q = torch.stack(store["queries_pre_rope"])
             if score:
-                rows = torch.arange(len(piece)) + start + first
-                s = chunk_scores(lm, context, q, at, rows, (base, base + len(span)))
+                s = chunk_scores(lm, context, q, at, torch.arange(first, len(fed)), len(span))
                 scores = s if scores is None else torch.maximum(scores, s)
             queries.append(q)
             positions.append(at)
-            context.rewind(base + len(span))
+            context.rewind(0)
         return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
     def reference_queries(self, lm: FrozenLM, count: int) -> torch.Tensor:
@@ -111,22 +116,22 @@ def read_out_chunk(lm: FrozenLM, after: int, span: int, request: int, later_requ
 
 
 def chunk_scores(
-    lm: FrozenLM, context: Context, queries: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span_rows
+    lm: FrozenLM, context: Context, queries: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int
 ) -> torch.Tensor:
-    """The largest attention each span entry `[layers, kv_heads, n]` receives from one chunk's read-out queries
-    (`[layers, heads, c, head_dim]` pre-RoPE at `positions`, fed rows `rows`), over any query head sharing its KV head
-    (softmax over every entry that query sees, the context's entry biases included)."""
+    """The largest attention each of the span's entries `[layers, kv_heads, span]` (the last `span` entries the
+    context was built with) receives from one chunk's read-out queries (`[layers, heads, c, head_dim]` pre-RoPE at
+    `positions`, at fed rows `rows`), over any query head sharing its KV head (softmax over every entry that query
+    sees, the context's entry biases included)."""
     group = lm.spec.num_heads // lm.spec.num_kv_heads
     out = []
     for layer, cache_layer in enumerate(context.cache.layers):
         keys, _, bias = cache_layer.materialize()
-        fed = cache_layer.slots + cache_layer.loaded  # where the fed rows start among the materialised ones
+        built = cache_layer.slots + cache_layer.loaded  # where the fed rows start among the materialised ones
         q = lm.rotate(queries[layer].to(lm.device).float(), positions)  # [H, c, D]
         k = keys[0].float().repeat_interleave(group, dim=0)  # [H, N, D]
         scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
         scores += bias[0].to(scores.device).repeat_interleave(group, dim=0)[:, None]
-        visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= (rows.to(scores.device) + fed)[:, None]
-        span = slice(span_rows[0] + fed, span_rows[1] + fed)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, span]
+        visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= (rows.to(scores.device) + built)[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, built - span : built]
         out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
     return torch.stack(out).cpu()
