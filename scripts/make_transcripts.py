@@ -1,6 +1,6 @@
 """Generate synthetic coding-agent transcripts with factual-recall questions for vkv's benchmark.
 
-    python scripts/make_transcripts.py --out transcripts --seed 0          # (re)write the 12 gen-*.json files
+    python scripts/make_transcripts.py --out transcripts --seed 0          # (re)write the 12 + 14 gen-*.json files
     python scripts/make_transcripts.py --out transcripts --seed 0 --check  # exit 1 if the files on disk differ
 
 Design
@@ -28,6 +28,19 @@ as correct. From the survivors a deterministic subset is kept: about one questio
 (25-32), at least a quarter of each kind, the weakest-looking facts dropped first. If a draft misses the token
 range or the quotas, the file is rebuilt with a different scene count or draw (attempt number in the seed).
 No model or tokenizer is run here: token counts are estimated from characters (fitted per kind of text).
+
+Long mode
+---------
+LONG_SCENARIOS (own projects, 4 dev + 10 test) are written to `long/dev/` and `long/test/` as
+`gen-long-<slug>-<n>.json`, ~6-6.5k rendered tokens each (kept below 7,400 so a whole transcript fits the model's
+8,192 positions with a question), 28-40 questions, each kind at least a quarter. Long files add LONG_SETTINGS to the
+settings pool, run every scene of LONG_BODY once or twice (scenes whose questions are generic, like "Which CI job
+failed?", at most once; the long-only scenes add `kubectl`, `curl` and `psql` output and decisions on alerting and
+rollout), then fresh code reads while the budget lasts. Two late changes (`scene_late_change`), one ~1,500 tokens
+before the end and one just before the summary, change settings last stated at the start, without repeating the old
+value, so a change question's stale value sits thousands of tokens back. Nothing is restated near the end: the
+summary names only the two late changes and the config is never rewritten whole. The subset kept has at least half
+of its questions with their latest evidence FAR estimated tokens (>= 2,048 rendered) before the end.
 
 Determinism: file listings are sorted, every choice comes from the seeded RNG, no dict/set iteration order, time
 or hash seed is relied on, and the JSON is written with a fixed layout.
@@ -341,6 +354,22 @@ SCENARIOS = [  # split, task slug, task, language, project, domain noun
     ("test", "performance", "performance work", "python", "siltstream", "batch"),
     ("test", "dependency-upgrade", "dependency upgrade", "rust", "skiff", "sync"),
 ]
+LONG_SCENARIOS = [  # the long split: its own projects, so no long file shares a name with a short one
+    ("dev", "bug-hunt", "bug hunt", "java", "claimdesk", "claim"),
+    ("dev", "performance", "performance work", "go", "hopperd", "shipment"),
+    ("dev", "refactor", "refactor", "typescript", "tallyroll", "invoice"),
+    ("dev", "ci-failure", "CI failure", "ruby", "docketry", "ticket"),
+    ("test", "migration", "config migration", "python", "grainbin", "lot"),
+    ("test", "dependency-upgrade", "dependency upgrade", "java", "stockroom", "sku"),
+    ("test", "code-review", "code review", "go", "beaconry", "probe"),
+    ("test", "bug-hunt", "bug hunt", "rust", "cinderlog", "span"),
+    ("test", "ci-failure", "CI failure", "typescript", "harborlight", "berth"),
+    ("test", "performance", "performance work", "ruby", "quillpad", "draft"),
+    ("test", "refactor", "refactor", "python", "mossgate", "permit"),
+    ("test", "migration", "framework migration", "java", "routewise", "route"),
+    ("test", "dependency-upgrade", "dependency upgrade", "python", "kelpfarm", "harvest"),
+    ("test", "code-review", "code review", "rust", "emberkv", "segment"),
+]
 
 LANGS = {
     "python": dict(
@@ -506,7 +535,49 @@ SETTINGS = [
         "The tenant is carried in",
     ),
 ]
-SETTING = {s[0]: s for s in SETTINGS}
+LONG_SETTINGS = [  # long files only: appending these to SETTINGS would shift the short files' draws
+    (
+        "worker_count",
+        "the worker count",
+        [11, 13, 19, 23, 29],
+        ["4", "8", "16"],
+        "How many workers does {p} run?",
+        "The worker count is",
+    ),
+    (
+        "shutdown_grace",
+        "the shutdown grace period",
+        ["25s", "40s", "75s", "110s"],
+        ["30s", "10s", "60s"],
+        "How long is {p}'s shutdown grace period?",
+        "The shutdown grace period is",
+    ),
+    (
+        "upload_dir",
+        "the upload spool directory",
+        ["var/spool/{p}-in", "data/{n}-drop", "srv/{p}/inbox"],
+        ["uploads", "/tmp", "data/uploads"],
+        "Which directory does {p} spool uploads to?",
+        "Uploads are spooled to",
+    ),
+    (
+        "rate_limit",
+        "the per-client rate limit (requests per minute)",
+        [170, 240, 45, 620, 85],
+        ["60", "100", "1000"],
+        "How many requests per minute does {p} allow each client?",
+        "Each client may make",
+    ),
+    (
+        "region",
+        "the deployment region",
+        ["eu-central-2", "ap-southeast-4", "ca-west-1", "sa-east-1"],
+        ["us-east-1", "eu-west-1", "us-west-2"],
+        "Which region is {p} deployed to?",
+        "It is deployed to",
+    ),
+]
+SETTING = {s[0]: s for s in SETTINGS + LONG_SETTINGS}
 RUNTIMES = {
     "python": ("Python", ["3.11.9", "3.12.4", "3.10.14"]),
     "typescript": ("Node", ["20.12.2", "22.3.0", "18.20.3"]),
@@ -669,7 +740,7 @@ def estimate_tokens(messages) -> int:
     return round(total)
 
 
-def setting_fact(s: Session, key: str, turn: int, kind="decision", stale=None):
+def setting_fact(s: Session, key: str, turn: int, kind="decision", stale=None, strength=None):
     _, _, _, defaults, question, prefix = SETTING[key]
     wrong = ([stale] if stale else []) + [d for d in defaults if d != s.values[key]]
     s.facts = [f for f in s.facts if f.slug != key]  # a changed setting is asked about once, as a change
@@ -681,8 +752,13 @@ def setting_fact(s: Session, key: str, turn: int, kind="decision", stale=None):
         s.values[key],
         wrong,
         turn,
-        3 if s.values[key].isdigit() else 4,
+        strength or (3 if s.values[key].isdigit() else 4),
     )
+
+
+def setting_keys(s: Session) -> list[str]:
+    """The settings a file may use: long files need more of them than the short files' pool holds."""
+    return sorted(k for k, *_ in SETTINGS + (LONG_SETTINGS if s.sc.get("long") else []))
 
 
 def draw_value(s: Session, key: str, avoid=()) -> str:
@@ -707,7 +783,7 @@ def render_config(fmt: str, items) -> str:
 
 def scene_request(s: Session, opener: str | None = None):
     """The user's opening request, stating three settings and the library to use."""
-    keys = s.pick(sorted(SETTING), s.rng.choice([3, 4]))
+    keys = s.pick(setting_keys(s), s.rng.choice([3, 4]))
     for k in keys:
         s.values[k] = draw_value(s, k)
     purpose, lib, alts = s.pick(s.lang["libs"])
@@ -751,8 +827,9 @@ def scene_request(s: Session, opener: str | None = None):
 
 
 def scene_config_write(s: Session):
-    """The agent writes the config file; it restates the known settings and decides three more."""
-    new = s.pick([k for k in sorted(SETTING) if k not in s.values], 3)
+    """The agent writes the config file; it restates the known settings and decides three more (six in long
+    mode, which changes more settings later)."""
+    new = s.pick([k for k in setting_keys(s) if k not in s.values], 6 if s.sc.get("long") else 3)
     for k in new:
         s.values[k] = draw_value(s, k)
     path = fill(s.lang["cfg"], s.sc)
@@ -943,6 +1020,8 @@ def scene_change(s: Session):
         s.changed.add(k)
     path, fmt = fill(s.lang["cfg"], s.sc), s.lang["fmt"]
     style = s.rng.randrange(4)
+    if style == 3 and s.sc.get("long"):
+        style = 0  # a full rewrite restates every setting; long mode keeps early values far back for late changes
     if style == 0:
         t = s.add(
             "user",
@@ -1078,7 +1157,10 @@ def scene_bump(s: Session):
             ]
         ),
     )
-    dep = s.pick(["quick-xml", "tinyvec", "pin-utils", "fastrand", "smallbitvec", "ryu-js", "itoa-lite", "vsize"])
+    deps = ["quick-xml", "tinyvec", "pin-utils", "fastrand", "smallbitvec", "ryu-js", "itoa-lite", "vsize"]
+    dep = s.pick([d for d in deps if d not in s.sc["used"]])
+    if s.sc.get("long"):  # long files bump twice; the same "new" dependency twice would contradict itself
+        s.sc["used"].add(dep)
     dep_v = f"0.{s.rng.randrange(3, 30)}.{s.rng.randrange(0, 9)}"
     cmd = {
         "python": "uv lock",
@@ -1658,13 +1740,288 @@ def scene_profile(s: Session):
 
 
 def scene_summary(s: Session):
-    """Closing summary restating final values."""
+    """Closing summary restating final values; in long mode only the late changes, which are near the end anyway
+    (restating others would pull their latest evidence to the end)."""
     items = [f"{k} = {v}" for k, v in sorted(s.values.items()) if k != "lib"]
+    if s.sc.get("long"):
+        items = [f"{k} = {s.values[k]}" for k in s.sc["late"][:2]]
     s.add(
         "assistant",
         s.pick(["Done. Final state:\n", "Wrapping up. Where things stand:\n"])
         + "\n".join(f"- {x}" for x in s.rng.sample(items, min(3, len(items))))
         + s.pick(["\nTests pass locally; the branch is ready for review.", "\nCI is green again."]),
+    )
+
+
+# ---- scenes: long mode only --------------------------------------------------------------------------------
+
+
+def raw_text(m: dict) -> str:
+    """A message's text as `select` and `vkv validate` read it: content plus the serialised tool calls."""
+    calls = " ".join(json.dumps({"name": c["name"], "arguments": c["arguments"]}) for c in m.get("tool_calls", []))
+    return f"{m['content']} {calls}"
+
+
+def scene_late_change(s: Session):
+    """A setting stated early changes thousands of tokens later, in words that do not repeat the old value, so the
+    stale value (in `reject` and among the choices) sits far back."""
+    keys = [k for k in sorted(s.values) if k != "lib" and k not in s.changed]
+    texts = [raw_text(m) for m in s.messages]
+    last = {k: max((i for i, tx in enumerate(texts) if contains_keyword(tx, s.values[k])), default=0) for k in keys}
+    keys = [k for k in keys if estimate_tokens(s.messages[last[k] :]) >= 2500]
+    if not keys:
+        return
+    key = min(keys, key=lambda k: (last[k], k))  # the setting whose value was stated longest ago
+    old = s.values[key]
+    new = s.values[key] = draw_value(s, key, avoid=[old])
+    s.changed.add(key)
+    s.sc["late"].append(key)
+    label, path = SETTING[key][1], fill(s.lang["cfg"], s.sc)
+    said = [
+        f"Ops finished the capacity review: {label} has to be `{new}` on the new cluster. Please update the config.",
+        f"One late change from the platform team: make {label} `{new}`; the value we started with no longer holds.",
+        f"Re-reading the deploy notes: {label} must be `{new}` on the new cluster, so I'm changing it in {path}.",
+        f"Cross-checking the staging manifests: {label} there is `{new}`. The config should match, so I'm changing "
+        f"it in {path}.",
+    ]
+    i = s.pick([i for i in range(len(said)) if f"late-{i}" not in s.sc["used"]])  # no phrasing twice per file
+    s.sc["used"].add(f"late-{i}")
+    t = s.add("user" if i < 2 else "assistant", said[i])
+    ack = s.pick(ACKS) if i < 2 else "Applying it."
+    line = config_line(s.lang["fmt"], key, new)
+    s.act(
+        ack,
+        "bash",
+        {"command": f"sed -i '/{key}/c\\{line}' {path} && grep -n '{key}' {path}"},
+        f"{s.rng.randrange(2, 14)}:{line}",
+    )
+    setting_fact(s, key, t, "change", stale=old, strength=6)
+
+
+def scene_pods(s: Session):
+    """`kubectl get pods` on staging: one pod crash-loops; its name, restart count and node are asked about."""
+    p = s.sc["project"]
+    roles = s.pick(["api", "worker", "scheduler", "ingest", "reaper", "gateway"], 4)
+    pods = [f"{p}-{r}-{hexid(s.rng, 9)}-{''.join(s.pick('bcdfghjklmnpqrstvwxz2456789', 5))}" for r in roles]
+    nodes = [f"ip-10-{s.rng.randrange(16, 64)}-{s.rng.randrange(1, 255)}-{s.rng.randrange(1, 255)}" for _ in roles]
+    bad, restarts = s.rng.randrange(4), s.rng.randrange(14, 60)
+    rows = [
+        f"{pod:<40} {'0/1' if i == bad else '1/1'}   {'CrashLoopBackOff' if i == bad else 'Running':<17} "
+        f"{restarts if i == bad else s.pick(['0', '0', '1']):<9} {s.rng.randrange(2, 9)}d   {node}"
+        for i, (pod, node) in enumerate(zip(pods, nodes))
+    ]
+    t = s.act(
+        s.pick(["Checking the staging pods.", "Is anything unhealthy on staging?"]),
+        "bash",
+        {"command": f"kubectl -n {p}-staging get pods -o wide | awk '{{print $1,$2,$3,$4,$5,$7}}' | column -t"},
+        f"{'NAME':<40} READY STATUS            RESTARTS  AGE  NODE\n" + "\n".join(rows),
+    )
+    others = pods[:bad] + pods[bad + 1 :]
+    s.fact(
+        "tool_output",
+        "crash-pod",
+        "Which staging pod was crash-looping?",
+        "The crash-looping pod was",
+        pods[bad],
+        others,
+        t,
+        5,
+    )
+    s.fact(
+        "tool_output",
+        "crash-restarts",
+        "How many restarts had the crash-looping pod accumulated?",
+        "It had restarted",
+        restarts,
+        [restarts + 3, 5, 12],
+        t,
+        3,
+    )
+    s.fact(
+        "tool_output",
+        "crash-node",
+        "Which node was the crash-looping pod running on?",
+        "It was running on",
+        nodes[bad],
+        nodes[:bad] + nodes[bad + 1 :],
+        t,
+        5,
+    )
+
+
+def scene_health(s: Session):
+    """The staging health check: the failing component, the build, Retry-After and the request id."""
+    p, n = s.sc["project"], s.sc["noun"]
+    parts = s.pick([f"{n}-store", f"{n}-index", "session-cache", "queue-consumer", "auth-proxy"], 3)
+    month, day, rc = s.rng.randrange(1, 12), s.rng.randrange(1, 28), s.rng.randrange(2, 9)
+    build = f"2024.{month}.{day}-rc{rc}"
+    builds = [f"2024.{month}.{day}-rc{rc + 1}", f"2024.{month}.{day + 1}-rc{rc}", f"2024.{month + 1}.{day}-rc{rc}"]
+    retry, rid = s.pick([17, 23, 41, 47, 75, 95]), hexid(s.rng, 16)
+    body = {"status": "degraded", "failing": [parts[0]], "ok": parts[1:], "build": build}
+    t = s.act(
+        "Hitting the staging health endpoint directly.",
+        "bash",
+        {"command": f"curl -si https://staging.{p}.internal/healthz"},
+        f"HTTP/2 503\ncontent-type: application/json\nretry-after: {retry}\nx-request-id: {rid}\n\n" + json.dumps(body),
+    )
+    s.fact(
+        "tool_output",
+        "health-failing",
+        "Which component did the staging health check report as failing?",
+        "The failing component was",
+        parts[0],
+        parts[1:] + ["database"],
+        t,
+        5,
+    )
+    s.fact(
+        "tool_output",
+        "health-build",
+        "Which build did the staging health check report?",
+        "It reported build",
+        build,
+        builds,
+        t,
+        4,
+    )
+    s.fact(
+        "tool_output",
+        "retry-after",
+        "What Retry-After value did the staging health check send?",
+        "The Retry-After value was",
+        retry,
+        ["30", "60", "120"],
+        t,
+        3,
+    )
+    s.fact(
+        "tool_output",
+        "request-id",
+        "Which request id came back from the staging health check?",
+        "The request id was",
+        rid,
+        [hexid(s.rng, 16), hexid(s.rng, 16)],
+        t,
+        5,
+    )
+
+
+def scene_query(s: Session):
+    """A status count query against the database: which status holds how many rows."""
+    n = s.sc["noun"]
+    statuses = s.pick(["settled", "queued", "stalled", "reversed", "expired", "on_hold", "voided"], 4)
+    counts = sorted((s.rng.randrange(40, 60000) for _ in statuses), reverse=True)
+    rows = "\n".join(f" {st:<10} | {c:>6}" for st, c in zip(statuses, counts))
+    t = s.act(
+        f"How many {n}s sit in each status right now?",
+        "bash",
+        {"command": f'psql -c "select status, count(*) from {n}s group by 1 order by 2 desc"'},
+        f"   status   | count\n------------+--------\n{rows}\n({len(statuses)} rows)",
+    )
+    for i in s.pick(range(1, 4), 2):
+        s.fact(
+            "tool_output",
+            "status-count",
+            f"How many {n}s did the status query count as `{statuses[i]}`?",
+            f"The `{statuses[i]}` count was",
+            counts[i],
+            [c for c in counts if c != counts[i]],
+            t,
+            4,
+        )
+    s.fact(
+        "tool_output",
+        "top-status",
+        f"Which status held the most {n}s in the status query?",
+        "The most common status was",
+        statuses[0],
+        statuses[1:],
+        t,
+        4,
+    )
+
+
+def scene_alerting(s: Session):
+    """The user fixes how the change is alerted on: the channel, the firing window and the runbook."""
+    p, n = s.sc["project"], s.sc["noun"]
+    channel = f"{p}-{s.pick(['pager', 'oncall-eu', 'sev2', 'night-watch'])}"
+    minutes = f"{s.pick([7, 9, 13, 17, 22])} minutes"
+    runbook = f"docs/runbooks/{n}-{s.pick(['backlog', 'stall', 'drift', 'replay'])}.md"
+    s.add("assistant", "Should this get an alert before it ships, and if so where should it go?")
+    t = s.add(
+        "user",
+        s.pick(
+            [
+                f"Yes. Alerts go to the Slack channel `{channel}`, firing when the {n} backlog stays high for "
+                f"{minutes}, and the alert links the runbook `{runbook}`.",
+                f"Route it to `{channel}`. Fire after {minutes} of backlog, not on the first spike, and point the "
+                f"alert at `{runbook}`; on-call knows that page.",
+            ]
+        ),
+    )
+    s.add("assistant", s.pick(["Adding the rule to the alerts file.", "Will do; the alert rule goes in with the PR."]))
+    s.fact(
+        "decision",
+        "alert-channel",
+        "Which Slack channel gets the new alert?",
+        "The alert goes to",
+        channel,
+        ["alerts", "oncall", "incidents"],
+        t,
+        5,
+    )
+    s.fact(
+        "decision",
+        "alert-window",
+        f"For how long must the {n} backlog stay high before the alert fires?",
+        "The alert fires after",
+        minutes,
+        ["5 minutes", "10 minutes", "15 minutes"],
+        t,
+        4,
+    )
+    s.fact(
+        "decision",
+        "runbook",
+        "Which runbook does the alert link to?",
+        "The alert links",
+        runbook,
+        ["docs/runbook.md", "RUNBOOK.md", "docs/oncall.md"],
+        t,
+        5,
+    )
+
+
+def scene_rollout(s: Session):
+    """The agent proposes a rollout; the user picks the canary group and the day."""
+    days = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday"]
+    groups = [f"canary-{c}-{s.rng.randrange(2, 9)}" for c in s.pick(["ams", "fra", "syd", "yul", "gru", "icn"], 2)]
+    day = s.pick(days[1:4])
+    s.add(
+        "assistant",
+        f"For the rollout I'd start with one canary group, either `{groups[0]}` or `{groups[1]}`, watch it for a "
+        "day and then go wide. Which group, and which day do you want it to start?",
+    )
+    t = s.add("user", f"`{groups[1]}`, it has the noisier traffic. Start on {day}; nobody deploys on Fridays here.")
+    s.fact(
+        "decision",
+        "canary",
+        "Which canary group does the rollout start with?",
+        "The rollout starts with",
+        groups[1],
+        [groups[0], "canary", "staging"],
+        t,
+        5,
+    )
+    s.fact(
+        "decision",
+        "rollout-day",
+        "On which weekday does the rollout start?",
+        "The rollout starts on",
+        day,
+        [d for d in days if d != day][:3],
+        t,
+        3,
     )
 
 
@@ -1696,22 +2053,60 @@ OPTIONAL = [
 ]
 
 
-def draft(index: int, seed: int, attempt: int) -> tuple[Session, int]:
-    split, slug, task, lang, project, noun = SCENARIOS[index]
-    rng = random.Random(seed * 100_000 + index * 100 + attempt)
-    s = Session(rng, {"project": project, "noun": noun, "lang": lang, "task": task, "used": set()})
+LONG_BODY = [  # each scene whose questions are generic ("Which CI job failed?") runs at most once per file
+    scene_change,
+    scene_change,
+    scene_change,
+    scene_const_change,
+    scene_const_change,
+    scene_read_two,
+    scene_read_two,
+    scene_read_config,
+    scene_read_config,
+    scene_read_code,
+    scene_read_code,
+    scene_tests,
+    scene_ask,
+    scene_ask,
+    scene_plan,
+    scene_git,
+    scene_profile,
+    scene_ci,
+    scene_bump,
+    scene_bump,
+    scene_rename,
+    scene_pods,
+    scene_health,
+    scene_query,
+    scene_alerting,
+    scene_rollout,
+]
+LONG_TOKENS = (6000, 7200)  # estimated; rendered counts must stay within 5,600-7,400 (long files render ~4% fewer)
+FAR = 2250  # estimated tokens after a question's latest evidence for it to count as >= 2,048 rendered tokens back
+
+
+def opening(s: Session):
+    """The system message and the user's request (a CI failure starts from the failing job's log)."""
+    sc = s.sc
     s.add(
         "system",
-        f"You are a coding agent in the {project} repository ({lang}). Tools: bash, read_file, "
+        f"You are a coding agent in the {sc['project']} repository ({sc['lang']}). Tools: bash, read_file, "
         "write_file, grep, run_tests. Python packages are under site-packages/.",
     )
-    if task == "CI failure":
-        s.sc["opener"] = fill(rng.choice(OPENERS[task]), s.sc)
-        s.add("user", s.sc["opener"])
+    if sc["task"] == "CI failure":
+        sc["opener"] = fill(s.rng.choice(OPENERS[sc["task"]]), sc)
+        s.add("user", sc["opener"])
         scene_ci(s)
         scene_request(s, opener="Some context before you touch anything.")
     else:
         scene_request(s)
+
+
+def draft(index: int, seed: int, attempt: int) -> tuple[Session, int]:
+    split, slug, task, lang, project, noun = SCENARIOS[index]
+    rng = random.Random(seed * 100_000 + index * 100 + attempt)
+    s = Session(rng, {"project": project, "noun": noun, "lang": lang, "task": task, "used": set()})
+    opening(s)
     optional = [f for f in OPTIONAL if not (f is scene_ci and task == "CI failure")]
     body = REQUIRED + rng.sample(optional, rng.randrange(4, 8))
     rng.shuffle(body)
@@ -1724,18 +2119,50 @@ def draft(index: int, seed: int, attempt: int) -> tuple[Session, int]:
     return s, target
 
 
-def build(index: int, seed: int) -> dict:
-    split, slug, task, lang, project, noun = SCENARIOS[index]
+def draft_long(index: int, seed: int, attempt: int) -> tuple[Session, int]:
+    """The body scenes in a shuffled order while the budget lasts, then fresh code reads, and two late changes to
+    settings stated early: one ~1,500 tokens before the end, one just before the summary."""
+    split, slug, task, lang, project, noun = LONG_SCENARIOS[index]
+    rng = random.Random(seed * 100_000 + 50_000 + index * 100 + attempt)  # apart from the short files' seeds
+    target = rng.randrange(6150, 6750)
+    sc = {"project": project, "noun": noun, "lang": lang, "task": task, "used": set(), "long": True}
+    s = Session(rng, sc | {"late": [], "target": target})
+    opening(s)
+    body = [f for f in LONG_BODY if not (f is scene_ci and task == "CI failure")]
+    rng.shuffle(body)
+    body.insert(rng.randrange(0, 2), scene_config_write)
+    for until in (target - 1500, target - 300):
+        while estimate_tokens(s.messages) < until:
+            (body.pop(0) if body else scene_read_code)(s)  # fresh code reads once the body is spent
+        scene_late_change(s)
+    scene_summary(s)
+    return s, target
+
+
+def build(index: int, seed: int, long: bool = False) -> dict:
+    scenarios, make, (lo, hi) = (LONG_SCENARIOS, draft_long, LONG_TOKENS) if long else (SCENARIOS, draft, (1600, 2220))
+    split, slug, task, lang, project, noun = scenarios[index]
     for attempt in range(200):
-        s, target = draft(index, seed, attempt)
+        s, target = make(index, seed, attempt)
         tokens = estimate_tokens(s.messages)
-        questions = select(s, tokens) if 1600 <= tokens <= 2220 else None
+        questions = select(s, tokens) if lo <= tokens <= hi else None
         if DEBUG:
             print(slug, attempt, tokens, target, [f.kind[0] for f in s.facts], file=sys.stderr)
         if questions:
             break
     else:
         raise RuntimeError(f"{slug}: no draft met the token range and question quotas")
+    if long:
+        return {
+            "id": f"gen-long-{slug}-{index + 1}",
+            "description": f"Generated by scripts/make_transcripts.py (seed {seed}, long mode); do not edit by hand. "
+            f"A long session: {task} in {project}, a {lang} project. Scenario: {s.sc['opener']} The agent reads "
+            "real files from the venv's site-packages next to synthetic test, git, CI, profiler, kubectl, curl and "
+            "psql output; settings change along the way, two of them thousands of tokens after they were first "
+            "stated, and most answers are stated far from the end.",
+            "messages": s.messages,
+            "questions": questions,
+        }
     return {
         "id": f"gen-{slug}-{index + 1}",
         "description": f"Generated by scripts/make_transcripts.py (seed {seed}); do not edit by hand. "
@@ -1750,6 +2177,14 @@ def build(index: int, seed: int) -> dict:
 
 def select(s: Session, tokens: int) -> list | None:
     """Compute source turns, drop unusable candidates, keep a balanced deterministic subset (None if impossible)."""
+    good = candidates(s)
+    good = keep_long(s, good, tokens) if s.sc.get("long") else keep_short(good, tokens)
+    return good and as_questions(good)
+
+
+def candidates(s: Session) -> list:
+    """(fact, wrong choices, source turns) for every candidate that states its answer first where it means to,
+    leaks nowhere and whose wrong choices cannot score as correct."""
     texts = [message_text(m) for m in parse_transcript({"id": "x", "messages": s.messages}).messages]
     good = []
     for f in s.facts:
@@ -1773,7 +2208,11 @@ def select(s: Session, tokens: int) -> list | None:
             continue
         good.append((f, wrong, turns))
     if DEBUG:
-        print("good", tokens, len(good), {k: sum(g[0].kind == k for g in good) for k in KINDS}, file=sys.stderr)
+        print("good", len(good), {k: sum(g[0].kind == k for g in good) for k in KINDS}, file=sys.stderr)
+    return good
+
+
+def keep_short(good: list, tokens: int) -> list | None:
     want = max(25, min(32, round(tokens / 68)))
     while True:  # drop the weakest candidates of the most common kind until size and balance fit
         counts = {k: sum(g[0].kind == k for g in good) for k in KINDS}
@@ -1781,8 +2220,43 @@ def select(s: Session, tokens: int) -> list | None:
             break
         kind = max(KINDS, key=lambda k: counts[k])
         good.remove(min((g for g in good if g[0].kind == kind), key=lambda g: (g[0].strength, -g[0].turn)))
-    if len(good) < 25:
+    return good if len(good) >= 25 else None
+
+
+def keep_long(s: Session, good: list, tokens: int) -> list | None:
+    """28-40 questions, each kind at least a quarter, and at least half of them with their latest evidence FAR
+    tokens or more before the end. Near candidates go first while that half is missing; the late changes (strength
+    6) go last, since they are what puts a stale value far back."""
+    after, total = [], 0
+    for m in reversed(s.messages):  # estimated tokens after each turn
+        after.append(total)
+        total += estimate_tokens([m])
+    after.reverse()
+    want = max(30, min(38, round(tokens / 180)))
+    if sum(g[0].strength >= 6 for g in good) < 2:  # both late changes must have survived the checks
         return None
+    while len(good) >= 28:
+        n, counts = len(good), {k: sum(g[0].kind == k for g in good) for k in KINDS}
+        far = [after[g[2][-1]] >= FAR for g in good]
+        if n <= want and min(counts.values()) >= math.ceil(n / 4) and 2 * sum(far) >= n:
+            return good
+        short = 2 * sum(far) < n
+        i = min(
+            range(n),
+            key=lambda i: (
+                good[i][0].strength >= 6,
+                short and far[i],
+                counts[good[i][0].kind] <= math.ceil((n - 1) / 4),
+                -counts[good[i][0].kind],
+                good[i][0].strength,
+                -good[i][0].turn,
+            ),
+        )
+        good.pop(i)
+    return None
+
+
+def as_questions(good: list) -> list:
     out, seen = [], {}
     for f, wrong, turns in good:
         seen[f.slug] = seen.get(f.slug, 0) + 1
@@ -1810,9 +2284,11 @@ def main() -> int:
     )
     args = ap.parse_args()
     out, differ = Path(args.out), 0
-    for i, sc in enumerate(SCENARIOS):
-        data = build(i, args.seed)
-        path = out / sc[0] / f"{data['id']}.json"
+    jobs = [(i, False, out / sc[0]) for i, sc in enumerate(SCENARIOS)]
+    jobs += [(i, True, out / "long" / sc[0]) for i, sc in enumerate(LONG_SCENARIOS)]
+    for i, long, folder in jobs:
+        data = build(i, args.seed, long)
+        path = folder / f"{data['id']}.json"
         text = json.dumps(data, indent=1, ensure_ascii=False) + "\n"
         kinds = {k: sum(q["kind"] == k for q in data["questions"]) for k in KINDS}
         if args.check:

@@ -15,13 +15,13 @@ def generate(out):
         capture_output=True,
         timeout=600,
     )
-    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.glob("*/*.json"))}
+    return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*.json"))}
 
 
 def test_generator_is_deterministic_and_its_transcripts_validate(tmp_path):
     first, second = generate(tmp_path / "a"), generate(tmp_path / "b")
-    assert first == second and len(first) == 12
-    assert {name.split("/")[0] for name in first} == {"dev", "test"}
+    assert first == second and len(first) == 26  # 12 short files, and the long split's 10 test and 4 dev ones
+    assert {name.rsplit("/", 1)[0] for name in first} == {"dev", "test", "long/dev", "long/test"}
     for name in first:
         transcript = load_transcript(tmp_path / "a" / name)
         assert check_static(transcript).problems == [], name

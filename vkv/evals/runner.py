@@ -291,12 +291,7 @@ class TranscriptEval:
     def distance(self, q: Question) -> tuple[int | None, int | None]:
         """Tokens and messages between the question's latest source turn inside the compressed span (its nearest
         evidence) and the span's end; None when no source turn is inside the span."""
-        first, last = self.turns
-        inside = [t for t in q.source_turns if first <= t < last]
-        if not inside:
-            return None, None
-        latest = max(inside)
-        return self.end - self.rendered.spans[latest].end, last - 1 - latest
+        return self.rendered.evidence_distance(q.source_turns, self.turns)
 
     def _score(self, pq: PreparedQuestion, m: Measurement, full: Measurement, none: Measurement) -> dict[str, Any]:
         q = pq.question

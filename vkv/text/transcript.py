@@ -237,6 +237,16 @@ class Rendered:
     tool_role_as: str = "tool"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def evidence_distance(self, source_turns, turns: tuple[int, int]) -> tuple[int | None, int | None]:
+        """Tokens and messages between the latest of a question's `source_turns` inside messages [first, last) (its
+        nearest evidence there) and the end of that range; None when no source turn is inside."""
+        first, last = turns
+        inside = [t for t in source_turns if first <= t < last]
+        if not inside:
+            return None, None
+        latest = max(inside)
+        return self.spans[last - 1].end - self.spans[latest].end, last - 1 - latest
+
     def token_span(self, first_turn: int, last_turn_exclusive: int) -> tuple[int, int]:
         """Token range covering messages [first_turn, last_turn_exclusive)."""
         if not 0 <= first_turn < last_turn_exclusive <= len(self.spans):
