@@ -1,5 +1,8 @@
 """Attention matching (closed-form compaction) and KVzip-style reconstruction scores."""
 
+import time
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -13,6 +16,7 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.attention import query_hooks
 from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
+from vkv.methods.work import SpanWork
 from vkv.text.transcript import load_transcript
 
 
@@ -200,7 +204,7 @@ def test_fit_bias_for_the_spans_own_keys_is_zero_and_for_fewer_keys_beats_its_st
 
 
 def test_a_reconstruction_pass_past_the_models_positions_is_refused_saying_what_fits(evaluation, monkeypatch):
-    work = evaluation.work
+    work = replace(evaluation.work)  # nothing reused from runs at the model's real positions
     monkeypatch.setattr(work.lm.model.config, "max_position_embeddings", work.end + 20)  # room for no chunk
     with pytest.raises(
         VkvError,
@@ -242,7 +246,7 @@ def test_the_reconstruction_pass_on_the_spans_own_kv_scores_as_one_forward_over_
 
 
 def test_a_span_too_long_to_read_out_twice_is_read_out_in_chunks_within_the_models_positions(evaluation, monkeypatch):
-    work = evaluation.work
+    work = replace(evaluation.work)  # nothing reused from runs at the model's real positions
     span = work.end - work.start
     whole = ReconstructionPass.run(work, chunk=span, score=True)
     assert torch.equal(whole.scores, ReconstructionPass.run(work, chunk=4 * span, score=True).scores)
@@ -256,3 +260,34 @@ def test_a_span_too_long_to_read_out_twice_is_read_out_in_chunks_within_the_mode
     segment = get_method("kvzip", chunk=64).compress(work, 2.0)  # end to end, and within the positions
     reached = segment.bias.isfinite().sum(dim=(1, 2))  # every layer's heads share the budget (AdaKV's split)
     assert (reached == work.budget(2.0) * segment.keys.shape[1]).all()
+
+
+@pytest.mark.parametrize(
+    "name, options, expensive",
+    [
+        ("kvzip", {}, (ReconstructionPass, "run")),
+        ("am", {"queries": "reconstruction"}, (ReconstructionPass, "run")),
+        ("snapkv", {}, (SpanWork, "attention_between")),
+    ],
+)
+def test_runs_at_several_ratios_share_the_ratio_free_work_and_still_count_its_time(
+    tiny_llama, monkeypatch, name, options, expensive
+):
+    owner, attr = expensive
+    real, calls = owner.__dict__[attr], []
+    function = real.__func__ if isinstance(real, classmethod) else real
+
+    def slow(*args, **kwargs):  # the shared work, made slow enough to show in a run's seconds
+        calls.append(attr)
+        time.sleep(0.3)
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, classmethod(slow) if isinstance(real, classmethod) else slow)
+    transcript = load_transcript(FIXTURES / "mini-agent.json")
+    shared, alone = (TranscriptEval(tiny_llama, transcript, settings=EvalSettings(max_new_tokens=2)) for _ in range(2))
+    shared.evaluate(get_method(name, **options), 2.0)
+    second = shared.evaluate(get_method(name, **options), 3.0)
+    assert len(calls) == 1  # the second ratio reused the first's pass
+    assert second["seconds"] >= 0.3  # ... and its time still counts what a run at 3x alone would take
+    expected = alone.evaluate(get_method(name, **options), 3.0)
+    assert second["questions"] == expected["questions"]

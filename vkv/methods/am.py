@@ -80,10 +80,20 @@ def reference_queries(work: SpanWork, source: str, count: int, chunk: int) -> to
     tokens), or both."""
     parts = []
     if source in ("span", "both"):
-        acts = work.acts
-        if acts.queries_pre_rope is None:
-            acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
-        parts.append(attention_targets(work.lm, acts, torch.zeros(1), count).queries)
+        parts.append(work.reuse(("span queries", count), lambda: span_queries(work, count)))
     if source in ("reconstruction", "both"):
-        parts.append(ReconstructionPass.run(work, chunk).reference_queries(work.lm, count))
+        parts.append(
+            work.reuse(
+                ("reconstruction queries", chunk, count),
+                lambda: ReconstructionPass.run(work, chunk).reference_queries(work.lm, count),
+            )
+        )
     return torch.cat(parts, dim=2)
+
+
+def span_queries(work: SpanWork, count: int) -> torch.Tensor:
+    """The span's own queries moved past the span, `count` per query head (`reference_queries`' layout)."""
+    acts = work.acts
+    if acts.queries_pre_rope is None:
+        acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
+    return attention_targets(work.lm, acts, torch.zeros(1), count).queries

@@ -18,4 +18,7 @@ class KVzip(ScorerMethod):
     chunk: int = chunk_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
-        return ReconstructionPass.run(work, self.chunk, score=True).scores  # [layers, kv_heads, n]
+        # [layers, kv_heads, n]; the pass does not depend on the budget, so runs at several ratios share it
+        return work.reuse(
+            ("reconstruction scores", self.chunk), lambda: ReconstructionPass.run(work, self.chunk, score=True).scores
+        )

@@ -27,7 +27,8 @@ class SnapKV(ScorerMethod):
         layers, kv_heads = work.acts.values.shape[:2]
         if observed_end <= 0 or budget <= window:  # too short to observe: keep the most recent
             return torch.arange(work.span_length).float().expand(layers, kv_heads, -1)
-        attn = work.attention_between((work.start, work.start + observed_end), (work.end - window, work.end))
+        keys, queries = (work.start, work.start + observed_end), (work.end - window, work.end)
+        attn = work.reuse(("attention", keys, queries), lambda: work.attention_between(keys, queries))
         kernel = int(self.kernel)
         pooled = torch.nn.functional.avg_pool1d(attn.reshape(-1, 1, observed_end), kernel, 1, kernel // 2)
         always = torch.full((layers, kv_heads, window), float("inf"))

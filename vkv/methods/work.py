@@ -3,7 +3,10 @@ evaluation questions (no field here could carry them)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -33,6 +36,27 @@ class SpanWork:
     attention: torch.Tensor | None = None  # only for explicitly question-aware variants
     message_roles: list[str] | None = None  # role of each message, parallel to message_starts
     kv_start: int = 0  # the position of kv's first entry (0: kv holds every token before `end`)
+    _reusable: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    reused_seconds: float = field(default=0.0, init=False, repr=False, compare=False)
+
+    def reuse(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()`, computed once for this work and `key` (which must name everything the result depends on): a
+        method run at several ratios shares what does not depend on the ratio, such as the reconstruction pass. Each
+        reuse adds the seconds the first computation took to `reused_seconds`, so that a run's compression time
+        still counts the work it would have done alone."""
+        if key in self._reusable:
+            value, seconds = self._reusable[key]
+            self.reused_seconds += seconds
+            return value
+        started = time.perf_counter()
+        value = compute()
+        self._reusable[key] = (value, time.perf_counter() - started)
+        return value
+
+    def take_reused_seconds(self) -> float:
+        """The seconds of reused work since the last call (and start counting again)."""
+        seconds, self.reused_seconds = self.reused_seconds, 0.0
+        return seconds
 
     @property
     def span_length(self) -> int:
