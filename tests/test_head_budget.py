@@ -1,5 +1,7 @@
 """Head-wise budgets (uniform, AdaKV's adaptive split, padding masked by −inf) and every budget method per turn."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -9,8 +11,11 @@ from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
 from vkv.compress.optimise import OptimConfig
+from vkv.compress.pooling import Blocks
+from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import ReconstructionPass
 from vkv.compress.sequential import message_turns
+from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import read_header, save_cache
@@ -232,3 +237,33 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
 def test_head_wise_virtual_budgets_refuse_settings_that_do_nothing(options, message):
     with pytest.raises(VkvError, match=message):
         CompressConfig(**options).validate()
+
+
+def test_a_blocks_most_is_the_largest_score_among_its_tokens():
+    blocks = Blocks((0, 2, 3, 7))
+    per_token = torch.tensor([[[1.0, 5.0, 2.0, 0.0, 9.0, 3.0, 4.0]]])
+    assert torch.equal(blocks.most(per_token), torch.tensor([[[5.0, 2.0, 9.0]]]))
+
+
+def test_virtual_tokens_rank_each_heads_share_by_the_reconstruction_pass_when_asked(evaluation):
+    """share_scores=reconstruction: each head keeps the virtual tokens whose blocks hold its most KVzip-important
+    tokens, the same from `vkv compress` (compress_span) as from the method in an eval."""
+    work = evaluation.work
+    recipe = CompressConfig(
+        head_budget="uniform", share_scores="reconstruction", oversample=2.0, optim=OptimConfig(steps=1)
+    )
+    budget = work.budget(3.0)
+    segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
+    scores = ReconstructionPass.run(work, 2048, score=True).scores
+    k = recipe.virtual_tokens(budget, work.span_length)
+    blocks = SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts, token_scores=scores).blocks
+    best = blocks.most(scores).topk(budget, dim=-1).indices
+    kept = torch.isfinite(segment.bias)
+    assert torch.equal(kept, torch.zeros_like(kept).scatter_(-1, best, True))
+    by_readout = get_method("vkv", recipe=replace(recipe, share_scores="readout")).compress(work, 3.0)
+    assert not torch.equal(torch.isfinite(by_readout.bias), kept)  # the two rankings choose differently here
+    spliced = compress_span(work.lm, work.ids, work.start, work.end, 3.0, recipe, work.message_starts)
+    (virtual,) = [s for s in spliced.segments if s.kind == "virtual"]
+    assert torch.equal(torch.isfinite(virtual.bias), kept)
+    with pytest.raises(VkvError, match="share_scores=reconstruction is implemented for one span compressed whole"):
+        SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts)  # e.g. per turn, no scores

@@ -15,6 +15,7 @@ from vkv.errors import VkvError
 from vkv.settings import Config, check_ranges, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
+SHARE_SCORES = ("readout", "reconstruction")
 
 
 @dataclass
@@ -54,6 +55,13 @@ class CompressConfig(Config):
         minimum=1,
         above=True,  # each head must have more virtual tokens to choose from than it keeps
     )
+    share_scores: str = setting(
+        "readout",
+        "with head_budget uniform or adaptive: how each KV head ranks the virtual tokens for its share. readout: the "
+        "mean attention the span's own queries give them; reconstruction: the most KVzip importance (the "
+        "reconstruction pass's attention, kvzip's scores) any token of their block receives in that head",
+        SHARE_SCORES,
+    )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
@@ -65,6 +73,7 @@ class CompressConfig(Config):
             ("target", self.target, TARGET_KINDS),
             ("boundaries", self.boundaries, BOUNDARIES),
             ("head_budget", self.head_budget, HEAD_BUDGETS),
+            ("share_scores", self.share_scores, SHARE_SCORES),
         ):
             if value not in allowed:
                 raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
@@ -77,6 +86,11 @@ class CompressConfig(Config):
         """Virtual tokens to optimise for a budget of `budget` entries per KV head over `available` tokens: the budget,
         or `oversample` times it when each head attends only to its share."""
         return budget if self.head_budget == "shared" else min(available, round(budget * self.oversample))
+
+    @property
+    def needs_reconstruction(self) -> bool:
+        """Whether the heads' shares are ranked by the reconstruction pass's importance of the span's tokens."""
+        return self.head_budget != "shared" and self.share_scores == "reconstruction"
 
     @staticmethod
     def upgraded(d: dict[str, Any]) -> dict[str, Any]:

@@ -37,6 +37,12 @@ class Blocks:
         """Mean of `token_positions` `[span]` (the blocked tokens' original positions) per block → `[count]`."""
         return torch.stack([token_positions[lo:hi].float().mean() for lo, hi in self.ranges()])
 
+    def most(self, per_token: torch.Tensor) -> torch.Tensor:
+        """The largest of `per_token` `[..., span]` within each block → `[..., count]`."""
+        block = torch.repeat_interleave(torch.arange(self.count), self.sizes().long())
+        out = torch.full((*per_token.shape[:-1], self.count), float("-inf"), dtype=per_token.dtype)
+        return out.scatter_reduce_(-1, block.expand_as(per_token), per_token, "amax")
+
 
 def partition(span_length: int, k: int, cut_candidates: list[int] | None = None) -> Blocks:
     """k blocks of (nearly) equal token counts; with cut candidates, each edge snaps to the nearest one

@@ -26,8 +26,9 @@ from vkv.lm.frozen import FrozenLM
 
 
 def needs_readout(config: CompressConfig) -> bool:
-    """Whether the virtual tokens' biases read what the span's own queries attend to (fitted biases, head-wise shares)."""
-    return config.fit_bias or config.head_budget != "shared"
+    """Whether the virtual tokens' biases read what the span's own queries attend to (fitted biases, head-wise shares
+    ranked by them)."""
+    return config.fit_bias or (config.head_budget != "shared" and not config.needs_reconstruction)
 
 
 def needs_queries(config: CompressConfig) -> bool:
@@ -48,6 +49,7 @@ class SpanProblem:
     positions: torch.Tensor  # [k] float32 logical positions
     readout: AttentionTargets | None = None  # the span's own queries and the mass they give them (bias, budgets)
     readout_seconds: float = 0.0  # what building `readout` took (its share of the problem's time)
+    token_scores: torch.Tensor | None = None  # [layers, kv_heads, span] reconstruction importance (share_scores)
 
     @property
     def k(self) -> int:
@@ -64,13 +66,20 @@ class SpanProblem:
         message_starts: list[int] | None = None,
         attention: torch.Tensor | None = None,
         tokens: torch.Tensor | None = None,
+        token_scores: torch.Tensor | None = None,
     ) -> SpanProblem:
         """The problem for ids[acts.start:acts.end] (or only the span-relative `tokens` `[n]`, ascending: hybrid's
         non-verbatim ones) with k virtual tokens, laid out by `config`; `attention` `[span]` is a question's
-        attention, for the question-aware pooling rule only."""
+        attention, for the question-aware pooling rule only; `token_scores` `[layers, kv_heads, span]` the
+        reconstruction pass's importance of the span's tokens, for share_scores=reconstruction only."""
         start, end = acts.start, acts.end
         if config.fit_bias and tokens is not None:  # the mass to fit would be the pooled tokens', not the span's
             raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
+        if config.needs_reconstruction and (token_scores is None or tokens is not None):
+            raise VkvError(
+                "share_scores=reconstruction is implemented for one span compressed whole (vkv compress without "
+                "--per-turn, and the vkv method in vkv eval and vkv sweep), not for this path; use share_scores=readout"
+            )
         if needs_queries(config) and acts.queries_pre_rope is None:
             # One more forward, over the full uncompressed text: right for `acts` captured there, which is why a
             # running cache's online view brings its own queries (compress_turns).
@@ -97,7 +106,8 @@ class SpanProblem:
         positions = virtual_positions(config.positions, start, end, k, blocks.centres(token_positions))
         started = time.perf_counter()
         readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if needs_readout(config) else None
-        return cls(blocks, weights, targets, positions, readout, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        return cls(blocks, weights, targets, positions, readout, seconds, token_scores if tokens is None else None)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
@@ -114,19 +124,22 @@ class SpanProblem:
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
         bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
-        if self.readout is None:
+        if config.head_budget == "shared" and not config.fit_bias:
             return (None if mass is None else bias), None
         rows = layers * kv_heads
-        queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
         keys = keys.float().cpu().reshape(rows, k, dim)
         separable = None
         if config.head_budget != "shared":  # am's order: choose each head's entries, then (with fit_bias) fit their β
-            # each token's score in a head: the mean attention the span's own queries give it among the k
-            scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
+            if config.needs_reconstruction:
+                scores = self.blocks.most(self.token_scores)
+            else:  # each token's score in a head: the mean attention the span's own queries give it among the k
+                queries = self.readout.queries.reshape(rows, -1, dim)
+                scores = (queries @ keys.transpose(1, 2) + bias.reshape(rows, 1, k)).softmax(-1).mean(1)
             per_entry = bias[0, 0]  # shared by every layer and head until the mask
             separable = mask_per_head(scores.reshape(layers, kv_heads, k), per_entry, budget, config.head_budget)
             bias = separable.dense()
         if config.fit_bias:
+            queries, log_mass = self.readout.queries.reshape(rows, -1, dim), self.readout.log_norm.reshape(rows, -1)
             bias = fit_bias(queries, log_mass, keys, bias.reshape(rows, k)).reshape(layers, kv_heads, k)
             separable = None
         return bias, separable

@@ -27,12 +27,13 @@ REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
 REPEAT_PART_REQUEST = "\n\nRepeat the part of the previous context exactly, starting with"
 QUOTED_TOKENS = 8  # the previous chunk's last tokens that the request for the next chunk quotes (KVzip's count)
 MIN_CHUNK = 64  # a read-out shorter than this spends more tokens on its request than on the span
+DEFAULT_CHUNK = 2048  # KVzip's chunk length
 
 
 def chunk_setting():
     """The read-out's chunk length, declared once for every method that runs the pass."""
     return setting(
-        2048,
+        DEFAULT_CHUNK,
         "the reconstruction pass reads the span out in chunks of at most this many tokens, each after the whole "
         "span; where the model's positions leave less room after the span, chunks are shorter",
         minimum=MIN_CHUNK,
@@ -50,19 +51,26 @@ class ReconstructionPass:
 
     @classmethod
     def run(cls, work, chunk: int, score: bool = False) -> ReconstructionPass:
-        """Feed each chunk's request and the chunk on top of `work.prefix_cache()` and the span's own K/V; record the
-        read-out's queries and, with `score`, each entry's largest attention from any of them."""
-        lm = work.lm
-        context_cache = work.prefix_cache()
-        span = list(work.ids[work.start : work.end])
+        """The pass for a method's work: its span after `work.prefix_cache()`, with the span's own K/V."""
+        span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
+        return cls.run_on(
+            work.lm, work.ids[work.start : work.end], work.start, work.prefix_cache(), span_kv, chunk, score
+        )
+
+    @classmethod
+    def run_on(
+        cls, lm: FrozenLM, span: list[int], start: int, context_cache, span_kv, chunk: int, score: bool = False
+    ) -> ReconstructionPass:
+        """Feed each chunk's request and the chunk on top of `context_cache` (a SplicedCache of everything before the
+        span, extended here) and the span's own K/V `span_kv` (a KVPrefix of the span's tokens, from `start`);
+        record the read-out's queries and, with `score`, each entry's largest attention from any of them."""
+        span = list(span)
         request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
         part = lm.tokenizer(REPEAT_PART_REQUEST, add_special_tokens=False)["input_ids"]
         size = read_out_chunk(
             lm, context_cache.next_position, len(span), len(request), len(part) + QUOTED_TOKENS, chunk
         )
-        context_cache.append(
-            verbatim_segment(work.kv.slice(work.start - work.kv_start, work.end - work.kv_start), work.start)
-        )
+        context_cache.append(verbatim_segment(span_kv, start))
         context = Context(lm, context_cache)  # the span is its last dense entries, as the model computed them
         queries, positions, scores = [], [], None
         for lo in range(0, len(span), size):
@@ -93,6 +101,12 @@ class ReconstructionPass:
             q = lm.rotate(self.queries[layer, :, picked].to(lm.device).float(), self.positions[picked]).cpu()
             out.append(q.reshape(kv_heads, heads // kv_heads * len(picked), dim) * dim**-0.5)
         return torch.stack(out)
+
+
+def reconstruction_scores(work, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
+    """KVzip's importance of each of the work's span entries `[layers, kv_heads, n]`, computed once per work and chunk
+    (runs at several ratios, and every method that ranks by it, share the pass)."""
+    return work.reuse(("reconstruction scores", chunk), lambda: ReconstructionPass.run(work, chunk, score=True).scores)
 
 
 def read_out_chunk(lm: FrozenLM, after: int, span: int, request: int, later_request: int, chunk: int) -> int:

@@ -18,10 +18,11 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
+from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
@@ -41,14 +42,23 @@ def virtual_segment(
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
     teacher: KVPrefix | None = None,
+    token_scores: torch.Tensor | None = None,
 ) -> Segment:
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`, `budget` entries per KV head
     (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
-    when not given)."""
+    when not given); `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's
+    tokens, when the recipe ranks the heads' shares by it."""
     start, end = acts.start, acts.end
     started = time.perf_counter()
     problem = SpanProblem.build(
-        lm, ids, acts, config.virtual_tokens(budget, end - start), config, message_starts, attention
+        lm,
+        ids,
+        acts,
+        config.virtual_tokens(budget, end - start),
+        config,
+        message_starts,
+        attention,
+        token_scores=token_scores,
     )
     positions = problem.positions
     built = time.perf_counter()
@@ -98,8 +108,27 @@ def compress_span(
     budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
     acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
     full = KVPrefix.from_cache(cache)  # ids[:end]
+    scores = None
+    if config.needs_reconstruction:
+        context = SplicedCache()
+        if start > 0:
+            context.append(verbatim_segment(full.slice(0, start), 0))
+        read_out = ReconstructionPass.run_on(
+            lm, ids[start:end], start, context, full.slice(start, end), DEFAULT_CHUNK, True
+        )
+        scores = read_out.scores
     segment = virtual_segment(
-        lm, ids, acts, full.slice(0, start), config, budget, message_starts, attention, on_step, teacher=full
+        lm,
+        ids,
+        acts,
+        full.slice(0, start),
+        config,
+        budget,
+        message_starts,
+        attention,
+        on_step,
+        teacher=full,
+        token_scores=scores,
     )
     return splice(lm, full, start, end, segment, ids[end:])
 

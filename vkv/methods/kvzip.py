@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.reconstruction import ReconstructionPass, chunk_setting
+from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
 from vkv.methods.eviction import ScorerMethod
 from vkv.methods.work import SpanWork
 
@@ -18,7 +18,4 @@ class KVzip(ScorerMethod):
     chunk: int = chunk_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
-        # [layers, kv_heads, n]; the pass does not depend on the budget, so runs at several ratios share it
-        return work.reuse(
-            ("reconstruction scores", self.chunk), lambda: ReconstructionPass.run(work, self.chunk, score=True).scores
-        )
+        return reconstruction_scores(work, self.chunk)  # [layers, kv_heads, n]

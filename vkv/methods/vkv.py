@@ -2,6 +2,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
+from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.single import virtual_segment
 from vkv.kv.segment import Segment
 from vkv.methods.base import BudgetMethod
@@ -25,17 +26,19 @@ class VirtualTokens(BudgetMethod):
         return self.settings().pooling == "attention"
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
+        recipe = self.settings()
         return virtual_segment(
             work.lm,
             work.ids,
             work.acts,
             work.prefix(),
-            self.settings(),
+            recipe,
             budget,
             work.message_starts,
             work.attention,
             on_step,
             teacher=work.kv,
+            token_scores=reconstruction_scores(work) if recipe.needs_reconstruction else None,
         )
 
     def config(self) -> dict:
