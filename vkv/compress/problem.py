@@ -107,7 +107,7 @@ class SpanProblem:
         started = time.perf_counter()
         readout = attention_targets(lm, acts, torch.zeros(1), BIAS_QUERIES) if needs_readout(config) else None
         seconds = time.perf_counter() - started
-        return cls(blocks, weights, targets, positions, readout, seconds, token_scores if tokens is None else None)
+        return cls(blocks, weights, targets, positions, readout, seconds, token_scores)
 
     def mass(self, config: CompressConfig) -> torch.Tensor | None:
         """Tokens each virtual token stands for `[k]`, when later queries weigh entries by it."""
