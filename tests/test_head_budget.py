@@ -10,6 +10,7 @@ from safetensors.torch import save_file
 from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
+from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import Blocks
 from vkv.compress.problem import SpanProblem
@@ -267,3 +268,70 @@ def test_virtual_tokens_rank_each_heads_share_by_the_reconstruction_pass_when_as
     assert torch.equal(torch.isfinite(virtual.bias), kept)
     with pytest.raises(VkvError, match="share_scores=reconstruction is implemented for one span compressed whole"):
         SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts)  # e.g. per turn, no scores
+
+
+@pytest.mark.parametrize("rule", ["uniform", "adaptive"])
+def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens_for_what_it_dropped(evaluation, rule):
+    """verbatim_share: each head reaches its best own entries by KVzip's importance (bias 0, the span's K/V as the
+    model computed them) and, for the rest of its budget, the virtual tokens whose blocks hold the most important
+    token it dropped, each weighted by the tokens of its block the head does not hold; the ratio counts both."""
+    work = evaluation.work
+    recipe = CompressConfig(
+        head_budget=rule,
+        share_scores="reconstruction",
+        verbatim_share=0.5,
+        oversample=2.0,
+        optim=OptimConfig(steps=1),
+    )
+    budget, n = work.budget(3.0), work.span_length
+    split = HeadSplit.of(budget, 0.5)
+    segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
+    k = recipe.virtual_tokens(split.virtual, n)
+    assert segment.kind == "virtual" and segment.entries == n + k
+    assert segment.real_entries == pytest.approx(budget)  # verbatim and virtual entries together meet the budget
+    scores = ReconstructionPass.run(work, 2048, score=True).scores
+    verbatim = reached(*per_head_index(scores, split.verbatim, rule), n)
+    keys, values = work.span_kv()
+    order = segment.positions.argsort(stable=True)
+    assert torch.equal(order, torch.arange(segment.entries))  # entries in position order
+    blocks = SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts, token_scores=scores).blocks
+    own_slots = torch.tensor([float(p) in set(range(work.start, work.end)) for p in segment.positions.tolist()])
+    # own slots: the first slot at each integral span position is the token's own entry (stable order, own first)
+    first = torch.zeros(segment.entries, dtype=torch.bool)
+    seen = set()
+    for i, p in enumerate(segment.positions.tolist()):
+        if own_slots[i] and p not in seen:
+            seen.add(p)
+            first[i] = True
+    assert int(first.sum()) == n
+    torch.testing.assert_close(segment.keys[:, :, first], keys)
+    torch.testing.assert_close(segment.values[:, :, first], values)
+    own_bias, virtual_bias = segment.bias[:, :, first], segment.bias[:, :, ~first]
+    assert torch.equal(torch.isfinite(own_bias), verbatim) and bool((own_bias[verbatim] == 0).all())
+    left = scores.masked_fill(verbatim, float("-inf"))
+    wanted = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)
+    assert torch.equal(torch.isfinite(virtual_bias), wanted)
+    block = torch.repeat_interleave(torch.arange(blocks.count), blocks.sizes().long())
+    dropped = torch.zeros(*verbatim.shape[:2], blocks.count).index_add_(-1, block, (~verbatim).float())
+    torch.testing.assert_close(virtual_bias[wanted], dropped.log()[wanted])
+    result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
+    assert result["compressed_entries"] == pytest.approx(budget) and result["ratio_memory"] > 2.0
+    spliced = compress_span(work.lm, work.ids, work.start, work.end, 3.0, recipe, work.message_starts)
+    (virtual,) = [s for s in spliced.segments if s.kind == "virtual"]  # `vkv compress` keeps the same entries
+    assert torch.equal(torch.isfinite(virtual.bias), torch.isfinite(segment.bias))
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"verbatim_share": 0.5}, "field verbatim_share: each head's verbatim entries are chosen by the reconstruction"),
+        ({"verbatim_share": 1.0, "share_scores": "reconstruction"}, "field verbatim_share: must be a fraction"),
+        (
+            {"verbatim_share": 0.5, "share_scores": "reconstruction", "fit_bias": True},
+            "field verbatim_share: fit_bias and the distillation stage are not implemented",
+        ),
+    ],
+)
+def test_per_head_hybrid_refuses_what_it_does_not_implement(options, message):
+    with pytest.raises(VkvError, match=message):
+        CompressConfig(**options).validate()

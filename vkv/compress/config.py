@@ -62,6 +62,13 @@ class CompressConfig(Config):
         "reconstruction pass's attention, kvzip's scores) any token of their block receives in that head",
         SHARE_SCORES,
     )
+    verbatim_share: float = setting(
+        0.0,
+        "with share_scores reconstruction: share of each KV head's budget kept as the span's own entries, those "
+        "KVzip's reconstruction importance ranks best for the head; the rest go to virtual tokens ranked by the "
+        "best token of their block the head did not keep (0: all virtual)",
+        minimum=0,
+    )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
@@ -78,6 +85,19 @@ class CompressConfig(Config):
             if value not in allowed:
                 raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
         check_ranges(self)
+        if self.verbatim_share:
+            if not self.verbatim_share < 1:
+                raise VkvError(f"field verbatim_share: must be a fraction in [0, 1), got {self.verbatim_share}")
+            if not self.needs_reconstruction:
+                raise VkvError(
+                    "field verbatim_share: each head's verbatim entries are chosen by the reconstruction pass; it needs "
+                    "head_budget uniform or adaptive and share_scores reconstruction"
+                )
+            if self.fit_bias or self.distill.steps:
+                raise VkvError(
+                    "field verbatim_share: fit_bias and the distillation stage are not implemented beside verbatim "
+                    "entries (they fit the virtual tokens alone); set them off or verbatim_share to 0"
+                )
         self.optim.validate()
         self.distill.validate()
         return self

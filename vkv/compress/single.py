@@ -16,6 +16,7 @@ import torch
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
+from vkv.compress.head_hybrid import HeadSplit, head_hybrid_bias
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
@@ -50,11 +51,12 @@ def virtual_segment(
     tokens, when the recipe ranks the heads' shares by it."""
     start, end = acts.start, acts.end
     started = time.perf_counter()
+    split = HeadSplit.of(budget, config.verbatim_share)
     problem = SpanProblem.build(
         lm,
         ids,
         acts,
-        config.virtual_tokens(budget, end - start),
+        config.virtual_tokens(split.virtual, end - start),
         config,
         message_starts,
         attention,
@@ -64,10 +66,10 @@ def virtual_segment(
     built = time.perf_counter()
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
-    if config.distill.validate().steps:
-        if teacher is None:
-            _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
-            teacher = KVPrefix.from_cache(cache)
+    if teacher is None and (config.distill.validate().steps or split.verbatim):
+        _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
+        teacher = KVPrefix.from_cache(cache)
+    if config.distill.steps:
         probes = build_probes(lm, ids, end, teacher, config.distill)
         embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill)
         stats["distill"] = {
@@ -79,7 +81,13 @@ def virtual_segment(
     optimised = time.perf_counter()
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
     kv_done = time.perf_counter()
-    bias, separable = problem.bias(config, keys, budget)
+    if split.verbatim:
+        bias, separable = None, None
+        own, virtual = head_hybrid_bias(
+            token_scores, problem.blocks, split, config.head_budget, config.proportional_attention
+        )
+    else:
+        bias, separable = problem.bias(config, keys, budget)
     stats["phase_seconds"] = {  # where the time went: pooled targets, the span's read-out queries, the optimiser
         # (and distillation), the virtual tokens' K/V, the biases (with head-wise budgets, each head's share)
         "targets": round(built - started - problem.readout_seconds, 4),
@@ -88,7 +96,40 @@ def virtual_segment(
         "kv": round(kv_done - optimised, 4),
         "bias": round(time.perf_counter() - kv_done, 4),
     }
-    return Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
+    segment = Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
+    if split.verbatim:
+        if teacher.length != end:
+            raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
+        segment = beside_verbatim(lm, ids, segment, teacher.slice(start, end), own, virtual)
+        stats["verbatim_per_head"] = split.verbatim
+    return segment
+
+
+def beside_verbatim(
+    lm: FrozenLM, ids: list[int], virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor, bias: torch.Tensor
+) -> Segment:
+    """The span's own entries (`span_kv`, batch 1) and the `virtual` segment's as one segment in position order, each
+    head reaching those its biases (`own_bias` `[layers, kv_heads, n]`, `bias` `[layers, kv_heads, k]`) do not mask."""
+    start, end = virtual.span
+    own = verbatim_segment(span_kv, start)
+    with torch.no_grad():
+        own_embeddings = lm.embed(torch.tensor(ids[start:end], dtype=torch.long)).float().cpu().reshape(end - start, -1)
+    positions = torch.cat([own.positions, virtual.positions.float()])
+    order = positions.argsort(stable=True)
+
+    def joined(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
+        return torch.cat([a.float().cpu(), b.float().cpu()], dim=dim).index_select(dim, order).contiguous()
+
+    return Segment(
+        "virtual",
+        virtual.span,
+        joined(own.keys, virtual.keys, 2),
+        joined(own.values, virtual.values, 2),
+        positions[order],
+        joined(own_embeddings, virtual.embeddings, 0),
+        virtual.stats,
+        joined(own_bias, bias, 2),
+    )
 
 
 def compress_span(

@@ -1,0 +1,67 @@
+"""Per-head hybrid: each KV head keeps part of its budget as the span's own entries, the ones KVzip's reconstruction
+importance ranks best for that head, and spends the rest on virtual tokens, each ranked for it by the most important
+token of its block that the head did not keep.
+
+Selection keeps exactly what a head's best entries say and drops the rest; a virtual token can still carry a pooled
+trace of what was dropped. So the head's verbatim share is chosen as KVzip chooses, and its virtual share goes to the
+blocks whose dropped tokens matter most to it. A virtual token stands, in a head, for the tokens of its block that the
+head does not hold verbatim (proportional attention's mass counts only those), so a head's total mass stays at most
+the span's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vkv.compress.head_budget import per_head_index
+from vkv.compress.pooling import Blocks
+from vkv.errors import VkvError
+from vkv.kv.flat import MASKED
+
+
+@dataclass(frozen=True)
+class HeadSplit:
+    """A KV head's budget split: `verbatim` entries of the span's own, `virtual` virtual tokens (per head, on average
+    over a layer's heads with adaptive budgets)."""
+
+    verbatim: int
+    virtual: int
+
+    @classmethod
+    def of(cls, budget: int, share: float) -> HeadSplit:
+        """`share` of `budget` verbatim, at least one entry virtual (a share of 0 keeps none verbatim)."""
+        if budget < 2 and share > 0:
+            raise VkvError(f"field verbatim_share: a budget of {budget} entry per head cannot be split")
+        verbatim = min(round(share * budget), budget - 1)
+        return cls(verbatim, budget - verbatim)
+
+
+def reached(index: torch.Tensor, real: torch.Tensor, n: int) -> torch.Tensor:
+    """`per_head_index`'s choice as a mask `[layers, heads, n]`: which of n entries each head reaches."""
+    return torch.zeros(*index.shape[:2], n, dtype=torch.int32).scatter_add_(-1, index, real.int()) > 0
+
+
+def head_hybrid_bias(
+    token_scores: torch.Tensor, blocks: Blocks, split: HeadSplit, rule: str, proportional_attention: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
+    (blocks over the whole span), −inf where a head does not reach the entry. `token_scores` `[layers, heads, n]` is
+    the reconstruction pass's importance of the span's tokens; each layer keeps `split.verbatim` own entries and
+    `split.virtual` virtual tokens per head (`rule`: uniform or adaptive, compress/head_budget.py). A reached own entry
+    has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
+    proportional attention, else 0."""
+    layers, heads, n = token_scores.shape
+    verbatim = torch.zeros(layers, heads, n, dtype=torch.bool)
+    if split.verbatim:
+        verbatim = reached(*per_head_index(token_scores, split.verbatim, rule), n)
+    left = token_scores.masked_fill(verbatim, float("-inf"))  # what the head's virtual share may still carry
+    virtual = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)
+    block = torch.repeat_interleave(torch.arange(blocks.count), blocks.sizes().long())
+    dropped = torch.zeros(layers, heads, blocks.count).index_add_(-1, block, (~verbatim).float())
+    mass = dropped.log() if proportional_attention else torch.zeros_like(dropped)
+    return (
+        torch.zeros(layers, heads, n).masked_fill(~verbatim, MASKED),
+        mass.masked_fill(~virtual, MASKED),
+    )
