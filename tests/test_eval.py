@@ -268,7 +268,7 @@ def test_text_methods_per_turn_prune_each_message_with_the_request_known_then(ev
     assert per_turn.queries == expected and len(set(expected)) > 1  # one prune per message, the query moves on
 
 
-@pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv", "am", "kvzip"])
+@pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv", "am", "kvzip", "kvopt"])
 def test_budget_methods_per_turn_keep_each_turns_share_from_its_own_view(evaluation, name):
     from vkv.compress.budget import allocate
     from vkv.compress.sequential import message_turns
@@ -286,7 +286,7 @@ def test_budget_methods_per_turn_keep_each_turns_share_from_its_own_view(evaluat
         assert turn.start <= positions.min() and positions.max() < turn.end
     # The first turn sits on the exact system prefix, so its kept entries are the full prefill's entries.
     first = group[0]
-    if first.kind == "verbatim":  # am and kvzip keep each head its own entries (compact segments)
+    if first.kind == "verbatim":  # am, kvzip and kvopt keep each head its own entries (compact segments)
         rows = first.positions.long()
         assert torch.allclose(first.keys, torch.stack([k[0, :, rows] for k in work.kv.keys]).float(), atol=1e-4)
     result = evaluation.evaluate(get_method(name, per_turn=True), 2.0)

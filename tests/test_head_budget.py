@@ -57,7 +57,7 @@ def evaluation(tiny_llama):
     )
 
 
-@pytest.mark.parametrize("name", ["knorm", "kvzip", "am"])
+@pytest.mark.parametrize("name", ["knorm", "kvzip", "am", "kvopt"])
 def test_adaptive_heads_keep_the_ratio_and_padding_is_never_attended(evaluation, tmp_path, name):
     work = evaluation.work
     method = get_method(name, head_budget="adaptive")
@@ -324,7 +324,10 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"verbatim_share": 0.5}, "field verbatim_share: each head's verbatim entries are chosen by the reconstruction"),
+        (
+            {"verbatim_share": 0.5},
+            "field verbatim_share: each head's verbatim entries are chosen by the reconstruction",
+        ),
         ({"verbatim_share": 1.0, "share_scores": "reconstruction"}, "field verbatim_share: must be a fraction"),
         (
             {"verbatim_share": 0.5, "share_scores": "reconstruction", "fit_bias": True},

@@ -34,7 +34,7 @@ def _changed(setting):
         return not setting.default
     if setting.key == "distill_probes":
         return ("summary",)
-    if setting.key in ("verbatim_fraction", "verbatim_max_share"):  # fractions below 1
+    if setting.key in ("verbatim_fraction", "verbatim_max_share", "verbatim_share"):  # fractions below 1
         return setting.default / 2
     if setting.key == "ladder":  # ratios of at least 1
         return (2.0, 4.0)
@@ -58,6 +58,8 @@ def test_every_setting_is_a_flag_that_reaches_the_config(command, setting):
         flag = ["--no-" + setting.flag[2:]]
     if setting.path[0] == "tolerance" or setting.key == "auto_ratio":  # each is refused without the other
         flag += ["--auto-ratio", "--max-loss", "0.3"] if setting.key != "max_loss" else ["--auto-ratio"]
+    if setting.key == "verbatim_share":  # each head's verbatim entries are ranked by the reconstruction pass
+        flag += ["--share-scores", "reconstruction"]
     args = build_parser().parse_args(
         [command, "t.json", *flag] + (["--out", "c.safetensors"] if command == "compress" else [])
     )
@@ -78,6 +80,7 @@ def test_every_setting_is_a_sweep_key(tmp_path, setting):
     method = "sequential" if setting.key in TURN_BY_TURN else "vkv"
     extra = {"max_loss": "auto_ratio = true\n", "ladder": "auto_ratio = true\nmax_loss = 0.3\n"}.get(setting.key, "")
     extra += "max_loss = 0.3\n" if setting.key == "auto_ratio" else ""
+    extra += 'share_scores = "reconstruction"\n' if setting.key == "verbatim_share" else ""
     (tmp_path / "t.json").write_text("{}")
     (tmp_path / "e.toml").write_text(
         f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["{method}"]\nratios = [2]\n'

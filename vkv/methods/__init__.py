@@ -8,6 +8,7 @@ from vkv.methods.base import Method, SpanWork
 from vkv.methods.full import Full
 from vkv.methods.hybrid import Hybrid
 from vkv.methods.knorm import KeyNorm
+from vkv.methods.kvopt import KVOpt
 from vkv.methods.kvzip import KVzip
 from vkv.methods.lamr import LaMRMethod
 from vkv.methods.longcodezip import LongCodeZipMethod
@@ -33,6 +34,7 @@ METHODS: dict[str, type[Method]] = {
         LongCodeZipMethod,
         AttentionMatching,
         KVzip,
+        KVOpt,
         Sequential,
         Hybrid,
         LaMRMethod,

@@ -95,16 +95,18 @@ class SpanWork:
         values: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         real: torch.Tensor | None = None,
+        keys: torch.Tensor | None = None,
         **stats,
     ) -> Segment:
         """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
-        own entries), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
+        own entries), or of free `keys` `[layers, kv_heads, t, head_dim]` (post-RoPE, standing where `index`'s
+        entries stood), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
         `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets: each head's real slots
         first), slots that are False are padding, copies of the head's first entry masked by a bias of −inf.
         Entry j's position is the mean original position of the j-th real entries of every head."""
-        keys, span_values = self.span_kv()
-        gather = index[..., None].expand(-1, -1, -1, keys.shape[-1])
-        kept_keys = keys.gather(2, gather)
+        span_keys, span_values = self.span_kv()
+        gather = index[..., None].expand(-1, -1, -1, span_keys.shape[-1])
+        kept_keys = span_keys.gather(2, gather) if keys is None else keys
         kept_values = span_values.gather(2, gather) if values is None else values
         if real is None:
             positions = index.float().mean(dim=(0, 1))

@@ -1,0 +1,146 @@
+"""Free keys, values and biases per (layer, KV head), optimised directly on the read-out (KVSculpt-style).
+
+Attention matching (compaction.py) keeps t of the span's own keys and fits biases and values in closed form; here
+the keys move too. Starting from a selection of t entries per row, Adam minimises, over the reference queries, what
+vkv's attention target measures (optimise.py's `_attention_distance`): the error of what each query reads, relative
+to the span's value variance, plus the squared error of its log-normaliser, so that mixing with the prefix and with
+later tokens is kept as well as the read-out. No embedding is involved: it is an upper bound in KV space for any
+method that stores t entries per head, not a cache a model could have produced.
+
+Rows are prepared one layer at a time (each reference query's attention over the whole span `[kv_heads, m, n]` is
+the largest tensor, as in `compact`); the descent then needs only the span's read-outs and log-normalisers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vkv.compress.compaction import SpanReadout, _fit
+from vkv.kv.segment import MASKED
+
+INITS = ("keep", "fit")
+NNLS_ITERATIONS = 300  # compact's: the same fit as attention matching's
+
+
+@dataclass
+class FreeEntries:
+    """t optimised entries per row; padding slots (head-wise budgets) keep their start and a bias of −inf."""
+
+    keys: torch.Tensor  # [R, t, D] post-RoPE
+    values: torch.Tensor  # [R, t, D]
+    bias: torch.Tensor  # [R, t]
+    start_loss: torch.Tensor  # [R] the read-out loss of the start
+    loss: torch.Tensor  # [R] the read-out loss of the entries returned (the best iterate: never above start_loss)
+
+
+@dataclass
+class _LayerTarget:
+    """What one layer's rows must read: the reference queries and the whole span's answers to them."""
+
+    queries: torch.Tensor  # [r, m, D] scaled, post-RoPE
+    outputs: torch.Tensor  # [r, m, D] the span's read-outs
+    log_mass: torch.Tensor  # [r, m] the span's log-normalisers
+    value_scale: torch.Tensor  # [] the layer's value variance: every layer counts equally, as in vkv's V loss
+
+    def loss(self, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Per-row read-out loss `[r]` of entries `keys`, `values` `[r, t, D]`, `bias` `[r, t]`, mean over queries."""
+        scores = self.queries @ keys.transpose(1, 2) + bias[:, None, :]  # [r, m, t]
+        output_error = (scores.softmax(-1) @ values - self.outputs).pow(2).mean(-1) / self.value_scale
+        mass_error = (scores.logsumexp(-1) - self.log_mass).pow(2)
+        return (output_error + mass_error).mean(-1)
+
+
+def optimise_entries(
+    readout: SpanReadout,
+    index: torch.Tensor,
+    real: torch.Tensor,
+    kv_heads: int,
+    init: str = "fit",
+    steps: int = 100,
+    lr: float = 1e-2,
+    ridge: float = 1e-2,
+    device: torch.device | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> FreeEntries:
+    """Free entries for every row of `readout` (rows layer-major, `kv_heads` per layer), starting from the entries
+    at span-relative `index` `[R, t]` (`real` `[R, t]` bool: False marks a padding slot).
+
+    `init="keep"` starts from the entries' own keys and values with bias 0; `"fit"` from attention matching's fit on
+    the same entries (β by NNLS, values by ridge least squares). Then `steps` Adam steps on keys, values and biases
+    jointly, on `device` (default CPU); each row keeps its best iterate, since a step may raise its loss.
+    `on_step(step, loss)` sees the mean loss over rows before each step (and after the last). Float32 and
+    deterministic: nothing is drawn at random. Returned tensors are on the CPU."""
+    if init not in INITS:
+        raise ValueError(f"unknown init '{init}'; choose one of {', '.join(INITS)}")
+    rows, n, _ = readout.keys.shape
+    if index.shape != real.shape or index.shape[0] != rows:
+        raise ValueError(f"index {tuple(index.shape)} and real {tuple(real.shape)} must be [{rows}, t]")
+    device = torch.device("cpu") if device is None else device
+    bias_rule, values_rule = ("fit", "refit") if init == "fit" else ("none", "keep")
+    layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
+    targets, starts = [], []
+    for layer in layers:
+        part = readout.rows(layer)
+        part = SpanReadout(part.queries.float(), part.keys.float(), part.values.float())
+        scores = part.scores()  # [kv_heads, m, n]: the largest tensor, one layer's at a time
+        attention = scores.softmax(-1)
+        start = _fit(
+            part, attention, index[layer], real[layer], None, bias_rule, values_rule, ridge, NNLS_ITERATIONS, n
+        )
+        starts.append((start.keys(part), start.values, start.bias))
+        targets.append(
+            _LayerTarget(
+                part.queries.to(device),
+                (attention @ part.values).to(device),
+                scores.logsumexp(-1).to(device),
+                part.values.var().clamp_min(1e-8).to(device),
+            )
+        )
+        del scores, attention
+    start_keys, start_values, start_bias = (torch.cat(s) for s in zip(*starts))
+    mask = real.to(device)
+    # A padding slot's bias is a finite 0 under a mask applied in every forward, not a −inf parameter: its gradient
+    # is then exactly 0 and Adam never moves it (nor its key and value, which no query attends to).
+    params = [
+        start_keys.to(device).clone().requires_grad_(True),
+        start_values.to(device).clone().requires_grad_(True),
+        start_bias.to(device).masked_fill(~mask, 0.0).requires_grad_(True),
+    ]
+    optimiser = torch.optim.Adam(params, lr=lr)
+    best = [p.detach().clone() for p in params]
+    best_loss = torch.full((rows,), math.inf, device=device)
+    start_loss = None
+    for step in range(steps + 1):
+        learning = step < steps
+        losses = []
+        for layer, target in zip(layers, targets):
+            with torch.set_grad_enabled(learning):
+                keys, values, bias = (p[layer] for p in params)
+                loss = target.loss(keys, values, bias.masked_fill(~mask[layer], MASKED))
+            if learning:  # each row's gradient is its own loss's: rows are independent problems
+                loss.sum().backward()
+            losses.append(loss.detach())
+        loss = torch.cat(losses)
+        start_loss = loss if start_loss is None else start_loss
+        better = loss < best_loss  # strict, and False for NaN: ties and failures keep the earlier iterate
+        for kept, current in zip(best, params):
+            kept.copy_(torch.where(better.view(-1, *[1] * (current.dim() - 1)), current.detach(), kept))
+        best_loss = torch.where(better, loss, best_loss)
+        if on_step is not None:
+            on_step(step, float(loss.mean()))
+        if learning:
+            optimiser.step()
+            optimiser.zero_grad(set_to_none=True)
+    keys, values, bias = (b.cpu() for b in best)
+    padding = ~real
+    return FreeEntries(
+        torch.where(padding[..., None], start_keys, keys),
+        torch.where(padding[..., None], start_values, values),
+        bias.masked_fill(padding, MASKED),
+        start_loss.cpu(),
+        best_loss.cpu(),
+    )

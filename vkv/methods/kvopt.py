@@ -1,0 +1,84 @@
+"""KV-space optimisation: KVzip's choice of entries per layer and KV head, then their keys, values and biases moved
+freely by Adam until reference queries read from them what they read from the whole span (compress/kvopt.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vkv.compress.compaction import SpanReadout
+from vkv.compress.head_budget import head_budget_setting, per_head_index
+from vkv.compress.kvopt import INITS, optimise_entries
+from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
+from vkv.errors import VkvError
+from vkv.kv.segment import Segment
+from vkv.methods.am import QUERY_SOURCES, reference_queries
+from vkv.methods.base import PerTurnMethod
+from vkv.methods.work import SpanWork
+from vkv.settings import setting
+
+
+@dataclass
+class KVOpt(PerTurnMethod):
+    """An upper bound in KV space (issue 33, lever 3; KVSculpt-style): t entries per KV head whose keys, values and
+    biases are free parameters, optimised directly on the read-out of reference queries, not produced by the model
+    from input embeddings as vkv's virtual tokens are. vkv's entries are a subset of these (those some embeddings
+    produce), so with the same objective and queries this is the reference vkv can at best reach: an upper bound in
+    practice, not a proof (Adam finds a local optimum). Entries start from KVzip's choice (reconstruction scores,
+    split over heads by `head_budget`), with their own keys and values or attention matching's fit on them."""
+
+    name = "kvopt"
+    reports_steps = True
+    queries: str = setting("reconstruction", "where the reference queries come from", QUERY_SOURCES)
+    num_queries: int = setting(
+        512,
+        "reference queries per query head and source, evenly spaced over the span (all of a shorter span's)",
+        minimum=1,
+    )
+    # `start`, `adam_steps` and `adam_lr`, not init, steps and lr: `vkv eval` has vkv's recipe flags of those names
+    start: str = setting(
+        "fit",
+        "where kvopt's free entries start: keep, the kept entries' own keys and values with bias 0; fit, attention "
+        "matching's NNLS biases and ridge-refitted values on them",
+        INITS,
+    )
+    adam_steps: int = setting(100, "Adam steps on kvopt's free keys, values and biases (0: the start)", minimum=0)
+    adam_lr: float = setting(
+        1e-2, "Adam's learning rate for kvopt's free keys, values and biases", minimum=0, above=True
+    )
+    ridge: float = setting(1e-2, "pulls refitted values toward the kept entries' own (start fit)", minimum=0)
+    head_budget: str = head_budget_setting()
+    chunk: int = chunk_setting()
+
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
+        keys, values = work.span_kv()
+        layers, kv_heads, n, dim = keys.shape
+        index, real = per_head_index(reconstruction_scores(work, self.chunk), budget, self.head_budget)
+        queries = reference_queries(work, self.queries, self.num_queries, self.chunk)
+        rows = layers * kv_heads
+        try:
+            free = optimise_entries(
+                SpanReadout.per_head(queries, keys, values),
+                index.reshape(rows, -1),
+                real.reshape(rows, -1),
+                kv_heads,
+                self.start,
+                self.adam_steps,
+                self.adam_lr,
+                self.ridge,
+                device=work.lm.device,
+                on_step=on_step,
+            )
+        except ValueError as exc:
+            raise VkvError(f"kvopt: {exc}") from None
+        per_head = (layers, kv_heads, -1)
+        return work.keep_per_head(
+            index,
+            free.values.reshape(*per_head, dim),
+            free.bias.reshape(per_head),
+            None if bool(real.all()) else real,
+            keys=free.keys.reshape(*per_head, dim),
+            initial_loss=float(free.start_loss.mean()),
+            best_loss=float(free.loss.mean()),
+            steps=self.adam_steps,
+            reference_queries=queries.shape[2],
+        )
