@@ -171,6 +171,16 @@ def test_paired_differences_against_a_reference(sweep_dir):
         paired(results, "snapkv")
     with pytest.raises(VkvError, match="several variants"):
         paired(results, "vkv")
+    # LABEL@RATIO: that one row is every row's reference, whatever its ratio (an ablation at another ratio)
+    fixed = {(r["variant"], r["ratio_requested"]): r for r in paired(results, "truncate@2")}
+    assert ("vkv pooling=surprisal", 4.0) in fixed and fixed[("vkv pooling=surprisal", 4.0)]["reference"] == (
+        "truncate @2x"
+    )
+    assert fixed[("vkv pooling=surprisal", 2.0)]["retention"].mean == pytest.approx(1.6 / 3)
+    with pytest.raises(VkvError, match="truncate has no run at 3x"):
+        paired(results, "truncate@3")
+    with pytest.raises(VkvError, match="after '@' comes a requested ratio"):
+        paired(results, "truncate@fast")
 
 
 def test_report_vs_prints_and_writes_the_paired_table_and_breakdowns(sweep_dir, capsys):
