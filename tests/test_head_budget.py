@@ -271,7 +271,9 @@ def test_virtual_tokens_rank_each_heads_share_by_the_reconstruction_pass_when_as
 
 
 @pytest.mark.parametrize("rule", ["uniform", "adaptive"])
-def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens_for_what_it_dropped(evaluation, rule):
+def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens_for_what_it_dropped(
+    evaluation, rule, tmp_path
+):
     """verbatim_share: each head reaches its best own entries by KVzip's importance (bias 0, the span's K/V as the
     model computed them) and, for the rest of its budget, the virtual tokens whose blocks hold the most important
     token it dropped, each weighted by the tokens of its block the head does not hold; the ratio counts both."""
@@ -319,6 +321,15 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
     spliced = compress_span(work.lm, work.ids, work.start, work.end, 3.0, recipe, work.message_starts)
     (virtual,) = [s for s in spliced.segments if s.kind == "virtual"]  # `vkv compress` keeps the same entries
     assert torch.equal(torch.isfinite(virtual.bias), torch.isfinite(segment.bias))
+    assert torch.equal(torch.tensor(virtual.stats["verbatim_entries"]), first.nonzero()[:, 0])
+    spliced.meta.update({"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
+    with pytest.raises(VkvError, match="cannot be rebuilt from embeddings; save it with store kv"):
+        save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)  # own K/V saw the span
+    save_cache(spliced, tmp_path / "k.safetensors")  # a K/V file keeps what the heads reach, bit for bit
+    reloaded = load_cache(tmp_path / "k.safetensors", work.lm)
+    (back,) = [s for s in reloaded.segments if s.kind == "virtual"]
+    reach = torch.isfinite(virtual.bias)
+    assert torch.equal(back.bias, virtual.bias) and torch.equal(back.keys[reach], virtual.keys[reach])
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,10 @@ def beside_verbatim(
     def joined(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
         return torch.cat([a.float().cpu(), b.float().cpu()], dim=dim).index_select(dim, order).contiguous()
 
+    own_slots = torch.cat([torch.ones(end - start, dtype=torch.bool), torch.zeros(virtual.entries, dtype=torch.bool)])
+    # the slots holding the span's own K/V, computed with the whole span in view: what an embeddings-only file cannot
+    # rebuild (kv/stored.py refuses such segments by this field, as it does the turn-level hybrid's)
+    virtual.stats["verbatim_entries"] = own_slots[order].nonzero()[:, 0].tolist()
     return Segment(
         "virtual",
         virtual.span,
