@@ -102,3 +102,15 @@ def shared_mass(segment):
         return None
     assert torch.equal(segment.bias, segment.bias[:1, :1].expand_as(segment.bias)), "the bias is not shared"
     return segment.bias[0, 0].exp().round()
+
+
+def random_readout(seed=0, rows=4, m=96, n=40, dim=16):
+    """A SpanReadout of random queries (scaled down), keys and values, `rows` rows of m queries over n entries."""
+    from vkv.compress.compaction import SpanReadout
+
+    g = torch.Generator().manual_seed(seed)
+    return SpanReadout(
+        torch.randn(rows, m, dim, generator=g) * 0.5,
+        torch.randn(rows, n, dim, generator=g),
+        torch.randn(rows, n, dim, generator=g),
+    )

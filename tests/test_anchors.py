@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, random_readout
 from vkv.compress.compaction import SpanReadout, compact, fit_bias, nnls, solve_spd
 from vkv.compress.reconstruction import REPEAT_REQUEST, ReconstructionPass
 from vkv.errors import VkvError
@@ -20,13 +20,8 @@ from vkv.methods.work import SpanWork
 from vkv.text.transcript import load_transcript
 
 
-def _readout(seed=0, rows=4, m=96, n=40, dim=16):
-    g = torch.Generator().manual_seed(seed)
-    return SpanReadout(
-        torch.randn(rows, m, dim, generator=g) * 0.5,
-        torch.randn(rows, n, dim, generator=g),
-        torch.randn(rows, n, dim, generator=g),
-    )
+def _readout(seed=0, **shape):
+    return random_readout(seed, **shape)
 
 
 @pytest.mark.parametrize("selection", ["attention", "omp"])

@@ -4,7 +4,7 @@ KV space)."""
 import pytest
 import torch
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, random_readout
 from vkv.compress.compaction import SpanReadout
 from vkv.compress.kvopt import optimise_entries
 from vkv.evals.runner import EvalSettings, TranscriptEval
@@ -15,13 +15,8 @@ from vkv.text.transcript import load_transcript
 CHUNK = 64  # the reconstruction pass in chunks, as the other tests run it
 
 
-def _readout(seed=0, rows=4, m=48, n=12, dim=8):
-    g = torch.Generator().manual_seed(seed)
-    return SpanReadout(
-        torch.randn(rows, m, dim, generator=g) * 0.5,
-        torch.randn(rows, n, dim, generator=g),
-        torch.randn(rows, n, dim, generator=g),
-    )
+def _readout(seed=0, m=48, n=12, dim=8):
+    return random_readout(seed, m=m, n=n, dim=dim)
 
 
 def read_out_loss(readout: SpanReadout, keys, values, bias, kv_heads: int) -> torch.Tensor:
