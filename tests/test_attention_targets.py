@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
-from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.optimise import OptimConfig, layer_losses, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
@@ -74,7 +74,7 @@ def test_compress_with_attention_targets_end_to_end(tiny_llama):
     ids, start, end = _span(tiny_llama)
     config = CompressConfig(target="v+attention", optim=OptimConfig(steps=2))
     spliced = compress_span(tiny_llama, ids, start, end, 3.0, config)
-    assert spliced.segments[1].kind == "virtual" and spliced.segments[1].real_entries == round((end - start) / 3)
+    assert spliced.segments[1].kind == "compact" and spliced.segments[1].real_entries == round((end - start) / 3)
 
 
 def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
@@ -94,7 +94,7 @@ def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
             span_kv,
             KVPrefix.from_cache(cache, start),
             5,
-            CompressConfig(target="v+attention"),
+            HybridRecipe(target="v+attention"),
             HybridConfig(0.2),
         )
 

@@ -63,7 +63,7 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
 
 def test_unknown_boundaries_are_refused(tiny_llama):
     ids = tiny_llama.tokenizer(TEXT, add_special_tokens=False)["input_ids"]
-    with pytest.raises(VkvError, match="unknown block boundaries 'paragraphs'"):
+    with pytest.raises(VkvError, match="field boundaries: unknown value 'paragraphs'"):
         compress_span(tiny_llama, ids, 2, 30, 2.0, CompressConfig(boundaries="paragraphs", optim=OptimConfig(steps=1)))
 
 

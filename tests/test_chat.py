@@ -32,7 +32,7 @@ def test_chat_from_a_pipe_answers_saves_and_resumes(smol, monkeypatch, capsys, t
     assert code == 0 and len(out) == 2 and out[0].strip() and out[1] == f"saved {saved}"
     session = Session.load(saved, smol)
     assert [m.role for m in session.messages[-2:]] == ["user", "assistant"]  # the exchange was appended
-    assert any(s.kind == "virtual" for s in session.cache.segments)  # and compressed after 2 messages
+    assert any(s.kind == "compact" for s in session.cache.segments)  # and compressed after 2 messages
     code, out, _ = _chat(monkeypatch, capsys, ["Which test runner is used?"], saved)
     assert code == 0 and len(out) == 1 and out[0].strip()
 

@@ -52,6 +52,6 @@ def test_compress_records_the_distillation_stage(tiny_llama, problem):
     spliced = compress_span(tiny_llama, ids, start, end, 4.0, config)
     stats = spliced.segments[1].stats["distill"]
     assert stats["probe_tokens"] == [8] and len(stats["trace"]) == 3
-    assert CompressConfig.from_dict(config.to_dict()) == config
+    assert CompressConfig.from_dict(config.to_dict()) == config.validate()
     with pytest.raises(VkvError, match="probes"):
         DistillConfig(probes=("questions",)).validate()

@@ -26,16 +26,18 @@ pytestmark = pytest.mark.integration
 TRANSCRIPT = ROOT / "transcripts" / "dev" / "gen-ci-failure-2.json"
 WINDOW, SPAN = "560", "turns:2-4"  # a ~550-token window (system + 8 messages); messages 2-4 compressed
 CLI = ["--model", "smollm2-135m", "--quant", "fp32", "--window", WINDOW, "--span", SPAN, "--ratio", "4", "--steps", "2"]
+CLI += ["--verbatim-share", "0"]  # virtual tokens alone: a per-head verbatim share keeps entries no forward rebuilds
 
 
 @pytest.fixture(scope="module")
 def caches(smol, tmp_path_factory):
-    """The same compressed cache written both ways, from one compression (the CLI's window and defaults)."""
+    """The same compressed cache written both ways, from one compression (the CLI's window and recipe)."""
     transcript = load_transcript(TRANSCRIPT)
     window = select_windows(transcript, render(transcript, smol.tokenizer), int(WINDOW))[0]
     ids = render(window, smol.tokenizer).ids
     torch.manual_seed(0)
-    spliced = compress_transcript(smol, window, (2, 5), 4, CompressConfig(optim=OptimConfig(steps=2)))
+    recipe = CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=2))
+    spliced = compress_transcript(smol, window, (2, 5), 4, recipe)
     root = tmp_path_factory.mktemp("stores")
     kv, embeddings = root / "kv.safetensors", root / "embeddings.safetensors"
     save_cache(spliced, kv)
@@ -72,7 +74,7 @@ def test_rebuilt_kv_equal_the_kv_file(smol, caches):
 def test_sequential_segments_rebuild_on_the_biased_cache_before_them(smol, caches, tmp_path):
     from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 
-    plan = MultiTurnConfig(CompressConfig(optim=OptimConfig(steps=1)), target_source="online")
+    plan = MultiTurnConfig(CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=1)), target_source="online")
     spliced = compress_transcript_turns(smol, caches.window, (2, 5), 4.0, plan, sequential=True)
     assert [s.kind for s in spliced.segments].count("virtual") == 3
     path = tmp_path / "sequential.safetensors"
@@ -185,6 +187,7 @@ def test_refusals_are_one_clear_sentence(smol, smol_tokenizer, caches, tmp_path,
     for flags, message in (
         (["--store", "values"], "--store 'values'"),
         (["--keep-verbatim"], "cannot hold --keep-verbatim"),
+        (["--verbatim-share", "0.9"], "cannot hold segments with a per-head verbatim share (--verbatim-share 0.9"),
     ):
         out = tmp_path / "never.safetensors"
         assert main(["compress", str(TRANSCRIPT), *CLI, "--store", "embeddings", *flags, "--out", str(out)]) == 2

@@ -8,20 +8,22 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import FIXTURES
-from vkv.compress.config import CompressConfig
+from vkv.compress.budget import allocate
+from vkv.compress.config import DEFAULT_VERBATIM_SHARE, CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
+from vkv.compress.hybrid import HybridConfig, HybridRecipe, choose_verbatim, hybrid_segment, verbatim_share
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import Blocks
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.compress.sequential import message_turns
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns, message_turns
 from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import read_header, save_cache
 from vkv.kv.report import entries_text, report_rows
-from vkv.kv.segment import verbatim_segment
+from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
 from vkv.lm.rebuild import load_cache
@@ -170,7 +172,9 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
 ):
     """Twice the budget's virtual tokens, each KV head attending to its share: the ratio counts what heads reach."""
     work = evaluation.work
-    recipe = CompressConfig(head_budget=rule, oversample=2.0, optim=OptimConfig(steps=1))
+    recipe = CompressConfig(
+        head_budget=rule, share_scores="readout", verbatim_share=0.0, oversample=2.0, optim=OptimConfig(steps=1)
+    )
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     budget = work.budget(3.0)
     assert segment.kind == "virtual" and segment.entries == min(work.span_length, 2 * budget)
@@ -210,7 +214,10 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
     work = evaluation.work
     segments = {
         fit: get_method(
-            "vkv", recipe=CompressConfig(head_budget="adaptive", fit_bias=fit, optim=OptimConfig(steps=1))
+            "vkv",
+            recipe=CompressConfig(
+                head_budget="adaptive", share_scores="readout", fit_bias=fit, optim=OptimConfig(steps=1)
+            ),
         ).compress(work, 3.0)
         for fit in (False, True)
     }
@@ -218,7 +225,7 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
     assert torch.equal(segments[False].keys, segments[True].keys)  # the same embeddings: fitting comes after
     assert torch.equal(fitted.isneginf(), masked.isneginf()) and not torch.allclose(fitted, masked)
     acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
-    config = CompressConfig(head_budget="adaptive", fit_bias=True)
+    config = CompressConfig(head_budget="adaptive", share_scores="readout", fit_bias=True).validate()
     readout = SpanProblem.build(work.lm, work.ids, acts, segments[True].entries, config).readout
 
     def error(bias):
@@ -251,8 +258,8 @@ def test_virtual_tokens_rank_each_heads_share_by_the_reconstruction_pass_when_as
     tokens, the same from `vkv compress` (compress_span) as from the method in an eval."""
     work = evaluation.work
     recipe = CompressConfig(
-        head_budget="uniform", share_scores="reconstruction", oversample=2.0, optim=OptimConfig(steps=1)
-    )
+        head_budget="uniform", verbatim_share=0.0, oversample=2.0, optim=OptimConfig(steps=1)
+    ).validate()
     budget = work.budget(3.0)
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     scores = ReconstructionPass.run(work, 2048, score=True).scores
@@ -266,8 +273,8 @@ def test_virtual_tokens_rank_each_heads_share_by_the_reconstruction_pass_when_as
     spliced = compress_span(work.lm, work.ids, work.start, work.end, 3.0, recipe, work.message_starts)
     (virtual,) = [s for s in spliced.segments if s.kind == "virtual"]
     assert torch.equal(torch.isfinite(virtual.bias), kept)
-    with pytest.raises(VkvError, match="share_scores=reconstruction is implemented for one span compressed whole"):
-        SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts)  # e.g. per turn, no scores
+    with pytest.raises(VkvError, match="share_scores=reconstruction ranks each head's share by the reconstruction"):
+        SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts)  # a path that ran no pass
 
 
 @pytest.mark.parametrize("rule", ["uniform", "adaptive"])
@@ -276,67 +283,100 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
 ):
     """verbatim_share: each head reaches its best own entries by KVzip's importance (bias 0, the span's K/V as the
     model computed them) and, for the rest of its budget, the virtual tokens whose blocks hold the most important
-    token it dropped, each weighted by the tokens of its block the head does not hold; the ratio counts both."""
+    token it dropped, each weighted by the tokens of its block the head does not hold; a compact segment holds, per
+    head, only those, in position order; the ratio counts both parts."""
     work = evaluation.work
     recipe = CompressConfig(
         head_budget=rule,
-        share_scores="reconstruction",
         verbatim_share=0.5,
+        proportional_attention=True,  # so a virtual token's bias says which block it stands for
         oversample=2.0,
         optim=OptimConfig(steps=1),
     )
-    budget, n = work.budget(3.0), work.span_length
+    budget, n, start = work.budget(3.0), work.span_length, work.start
     split = HeadSplit.of(budget, 0.5)
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     k = recipe.virtual_tokens(split.virtual, n)
-    assert segment.kind == "virtual" and segment.entries == n + k
+    reach = torch.isfinite(segment.bias)
+    assert segment.kind == "compact" and segment.entries == int(reach.sum(-1).max()) and segment.embeddings is None
     assert segment.real_entries == pytest.approx(budget)  # verbatim and virtual entries together meet the budget
+    if rule == "uniform":
+        assert segment.entries == budget  # memory: the budget's slots per head, no more
     scores = ReconstructionPass.run(work, 2048, score=True).scores
     verbatim = reached(*per_head_index(scores, split.verbatim, rule), n)
-    keys, values = work.span_kv()
-    order = segment.positions.argsort(stable=True)
-    assert torch.equal(order, torch.arange(segment.entries))  # entries in position order
-    blocks = SpanProblem.build(work.lm, work.ids, work.acts, k, recipe, work.message_starts, token_scores=scores).blocks
-    own_slots = torch.tensor([float(p) in set(range(work.start, work.end)) for p in segment.positions.tolist()])
-    # own slots: the first slot at each integral span position is the token's own entry (stable order, own first)
-    first = torch.zeros(segment.entries, dtype=torch.bool)
-    seen = set()
-    for i, p in enumerate(segment.positions.tolist()):
-        if own_slots[i] and p not in seen:
-            seen.add(p)
-            first[i] = True
-    assert int(first.sum()) == n
-    torch.testing.assert_close(segment.keys[:, :, first], keys)
-    torch.testing.assert_close(segment.values[:, :, first], values)
-    own_bias, virtual_bias = segment.bias[:, :, first], segment.bias[:, :, ~first]
-    assert torch.equal(torch.isfinite(own_bias), verbatim) and bool((own_bias[verbatim] == 0).all())
+    problem = SpanProblem.build(
+        work.lm, work.ids, work.acts, k, recipe.validate(), work.message_starts, token_scores=scores
+    )
+    blocks = problem.blocks
     left = scores.masked_fill(verbatim, float("-inf"))
     wanted = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)
-    assert torch.equal(torch.isfinite(virtual_bias), wanted)
     block = torch.repeat_interleave(torch.arange(blocks.count), blocks.sizes().long())
     dropped = torch.zeros(*verbatim.shape[:2], blocks.count).index_add_(-1, block, (~verbatim).float())
-    torch.testing.assert_close(virtual_bias[wanted], dropped.log()[wanted])
+    keys, values = work.span_kv()
+    positions = torch.cat([torch.arange(start, work.end).float(), problem.positions.float()])
+    order = positions.argsort(stable=True)  # own entries before virtual tokens at the same position
+    for layer in range(verbatim.shape[0]):
+        for head in range(verbatim.shape[1]):
+            picked = order[torch.cat([verbatim[layer, head], wanted[layer, head]])[order]]  # this head's, in order
+            count = len(picked)
+            assert int(reach[layer, head].sum()) == count and bool(reach[layer, head, :count].all())
+            own, slots = picked < n, torch.arange(count)
+            torch.testing.assert_close(segment.keys[layer, head, slots[own]], keys[layer, head, picked[own]])
+            torch.testing.assert_close(segment.values[layer, head, slots[own]], values[layer, head, picked[own]])
+            assert bool((segment.bias[layer, head, slots[own]] == 0).all())
+            expected = dropped[layer, head, picked[~own] - n].log()
+            torch.testing.assert_close(segment.bias[layer, head, slots[~own]], expected)
     result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
     assert result["compressed_entries"] == pytest.approx(budget) and result["ratio_memory"] > 2.0
     spliced = compress_span(work.lm, work.ids, work.start, work.end, 3.0, recipe, work.message_starts)
-    (virtual,) = [s for s in spliced.segments if s.kind == "virtual"]  # `vkv compress` keeps the same entries
-    assert torch.equal(torch.isfinite(virtual.bias), torch.isfinite(segment.bias))
-    assert torch.equal(torch.tensor(virtual.stats["verbatim_entries"]), first.nonzero()[:, 0])
+    (compact,) = [s for s in spliced.segments if s.kind == "compact"]  # `vkv compress` keeps the same entries
+    assert torch.equal(torch.isfinite(compact.bias), reach)
+    assert spliced.physical_length < len(work.ids)  # the span's slots are the budget's, not its tokens'
     spliced.meta.update({"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
-    with pytest.raises(VkvError, match="cannot be rebuilt from embeddings; save it with store kv"):
-        save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)  # own K/V saw the span
+    with pytest.raises(VkvError, match="a compact segment holds entries chosen per head"):
+        save_cache(spliced, tmp_path / "e.safetensors", store="embeddings", ids=work.ids)
     save_cache(spliced, tmp_path / "k.safetensors")  # a K/V file keeps what the heads reach, bit for bit
     reloaded = load_cache(tmp_path / "k.safetensors", work.lm)
-    (back,) = [s for s in reloaded.segments if s.kind == "virtual"]
-    reach = torch.isfinite(virtual.bias)
-    assert torch.equal(back.bias, virtual.bias) and torch.equal(back.keys[reach], virtual.keys[reach])
+    (back,) = [s for s in reloaded.segments if s.kind == "compact"]
+    assert torch.equal(back.bias, compact.bias) and torch.equal(back.keys[reach], compact.keys[reach])
+
+
+def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_same():
+    """Compacting keeps each head's reached entries (finite bias) in slot order and nothing else, so attention over
+    it equals attention over the original for any query."""
+    g = torch.Generator().manual_seed(0)
+    layers, heads, slots, dim = 2, 3, 9, 4
+    keys, values = (
+        torch.randn(layers, heads, slots, dim, generator=g),
+        torch.randn(layers, heads, slots, dim, generator=g),
+    )
+    bias = torch.randn(layers, heads, slots, generator=g)
+    bias[torch.rand(layers, heads, slots, generator=g) < 0.6] = float("-inf")
+    bias[0, 0, 3] = 0.5  # every head reaches something
+    bias[..., 0] = torch.where(torch.isfinite(bias[..., 0]), bias[..., 0], torch.tensor(0.1))
+    segment = Segment("virtual", (10, 30), keys, values, torch.linspace(10, 29, slots), torch.randn(slots, 5), {}, bias)
+    compact = segment.compacted()
+    reach = torch.isfinite(bias)
+    assert compact.kind == "compact" and compact.entries == int(reach.sum(-1).max()) and compact.embeddings is None
+    assert compact.real_entries == segment.real_entries
+    query = torch.randn(layers, heads, 5, dim, generator=g)
+
+    def attend(s: Segment) -> torch.Tensor:
+        return ((query @ s.keys.transpose(-1, -2)) + s.bias[:, :, None]).softmax(-1) @ s.values
+
+    torch.testing.assert_close(attend(compact), attend(segment))
+    for layer in range(layers):
+        for head in range(heads):
+            count = int(reach[layer, head].sum())
+            assert torch.equal(compact.keys[layer, head, :count], keys[layer, head, reach[layer, head]])
+            assert bool(compact.bias[layer, head, count:].isneginf().all())
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
         (
-            {"verbatim_share": 0.5},
+            {"verbatim_share": 0.5, "share_scores": "readout"},
             "field verbatim_share: each head's verbatim entries are chosen by the reconstruction",
         ),
         ({"verbatim_share": 1.0, "share_scores": "reconstruction"}, "field verbatim_share: must be a fraction"),
@@ -349,3 +389,81 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
 def test_per_head_hybrid_refuses_what_it_does_not_implement(options, message):
     with pytest.raises(VkvError, match=message):
         CompressConfig(**options).validate()
+
+
+def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_one():
+    """The default share and proportional attention follow the rest of the recipe, resolved where it is validated (so
+    what runs is what is recorded); an explicit value is kept, and an older file's recipe keeps the meaning it had."""
+    default = CompressConfig().validate()
+    assert (default.share_scores, default.verbatim_share, default.proportional_attention) == (
+        "reconstruction",
+        DEFAULT_VERBATIM_SHARE,
+        False,
+    )
+    for virtual_only in ({"head_budget": "shared"}, {"share_scores": "readout"}, {"fit_bias": True}):
+        config = CompressConfig(**virtual_only).validate()
+        assert config.verbatim_share == 0.0 and config.proportional_attention is True
+    assert CompressConfig(verbatim_share=0.0).validate().proportional_attention is True
+    assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
+    assert HybridRecipe().validate().verbatim_share == 0.0  # the turn-level hybrid keeps its own verbatim tokens
+    assert MultiTurnConfig(keep_verbatim=True).validate().compress.verbatim_share == 0.0
+    with pytest.raises(VkvError, match="field verbatim_share: hybrid compression keeps its own verbatim tokens"):
+        hybrid_segment(None, [], None, None, None, 1, CompressConfig(verbatim_share=0.5), HybridConfig())
+    with pytest.raises(VkvError, match="field proportional_attention: expected bool, got 'yes'"):
+        CompressConfig(proportional_attention="yes").validate()
+    with pytest.raises(VkvError, match="field verbatim_share: expected float, got True"):
+        CompressConfig(verbatim_share=True).validate()
+    saved = CompressConfig(share_scores="readout", verbatim_share=0.0, proportional_attention=True).validate().to_dict()
+    for key in ("share_scores", "verbatim_share"):  # a recipe saved before the setting existed
+        del saved[key]
+    old = CompressConfig.from_dict(saved)
+    assert (old.share_scores, old.verbatim_share, old.proportional_attention) == ("readout", 0.0, True)
+
+
+def test_per_head_hybrid_per_turn_ranks_each_turn_by_its_reconstruction_pass_on_the_running_cache(evaluation):
+    """Turn by turn (vkv compress --per-turn, sessions, the sequential method), each turn's verbatim entries are the
+    best by the reconstruction pass read out on top of the running compressed cache, and every turn records its loss."""
+    work = evaluation.work
+    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+    compress = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=1))
+    config = MultiTurnConfig(compress=compress, target_source="online")
+    history = FullHistory(work.acts, work.kv)
+    budget = work.budget(3.0)
+    segments = compress_virtual_turns(
+        work.lm, work.ids, turns, work.prefix_cache(), config, budget, history, work.message_starts
+    )
+    running = work.prefix_cache()
+    for turn, segment, entries in zip(turns, segments, allocate([t.length for t in turns], budget)):
+        view = TurnWork.on_cache(work, running, turn)
+        scores = ReconstructionPass.run(view, 2048, score=True).scores
+        verbatim = reached(*per_head_index(scores, HeadSplit.of(entries, 0.5).verbatim, "uniform"), turn.length)
+        keys, _ = view.span_kv()
+        assert segment.kind == "compact" and segment.real_entries == pytest.approx(entries)
+        for layer in range(verbatim.shape[0]):
+            for head in range(verbatim.shape[1]):
+                held = segment.keys[layer, head][torch.isfinite(segment.bias[layer, head])]  # [reached, head_dim]
+                own = (held[None] == keys[layer, head][:, None]).all(-1).any(-1)  # [turn tokens]: held as they are
+                assert torch.equal(own, verbatim[layer, head])
+        assert segment.stats["loss"] >= 0 and len(segment.stats["per_layer_v_loss"]) == work.lm.spec.num_layers
+        running.append(segment)
+
+
+def test_turn_level_hybrid_ranks_its_virtual_tokens_by_the_reconstruction_pass(evaluation):
+    """The hybrid that keeps tokens for every head gives each head the virtual tokens whose blocks (over the tokens it
+    did not keep) hold the tokens KVzip ranks best in that head."""
+    work = evaluation.work
+    recipe = HybridRecipe(head_budget="uniform", oversample=2.0, optim=OptimConfig(steps=1))
+    segment = get_method("hybrid", recipe=recipe).compress(work, 3.0)
+    share = verbatim_share(work.span_length, work.budget(3.0), HybridConfig())
+    kept = choose_verbatim(work.acts, share, HybridConfig())
+    rest = torch.tensor([i for i in range(work.span_length) if i not in set(kept.tolist())])
+    scores = ReconstructionPass.run(work, 2048, score=True).scores
+    k = recipe.virtual_tokens(share.virtual, len(rest))
+    problem = SpanProblem.build(
+        work.lm, work.ids, work.acts, k, recipe.validate(), work.message_starts, tokens=rest, token_scores=scores
+    )
+    best = problem.blocks.most(scores[:, :, rest]).topk(share.virtual, dim=-1).indices
+    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual[segment.stats["verbatim_entries"]] = False
+    reach = torch.isfinite(segment.bias[:, :, virtual])
+    assert torch.equal(reach, torch.zeros_like(reach).scatter_(-1, best, True))

@@ -151,7 +151,7 @@ def test_fitted_biases_give_the_span_back_its_mass_and_survive_an_embeddings_fil
 
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
-    config = CompressConfig(fit_bias=True, head_budget="shared", optim=OptimConfig(steps=1))
+    config = CompressConfig(fit_bias=True, head_budget="shared", optim=OptimConfig(steps=1)).validate()
     spliced = compress_span(tiny_llama, rendered.ids, start, end, 3.0, config)
     virtual = spliced.segments[1]
     acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end, queries=True)
@@ -179,6 +179,6 @@ def test_fit_bias_with_hybrid_is_refused_not_approximated(tiny_llama):
     rendered = _rendered(tiny_llama)
     start, end = rendered.spans[1].start, rendered.spans[3].start
     acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end)
-    config = CompressConfig(fit_bias=True)
+    config = CompressConfig(fit_bias=True).validate()
     with pytest.raises(VkvError, match="fit_bias is not implemented"):
         SpanProblem.build(tiny_llama, rendered.ids, acts, 4, config, tokens=torch.arange(0, end - start, 2))

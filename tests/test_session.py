@@ -7,7 +7,7 @@ import torch
 
 from tests.conftest import build_tiny
 from vkv.cli import build_parser, recipe_from_args
-from vkv.compress.budget import allocate
+from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns, message_turns
@@ -23,7 +23,7 @@ from vkv.lm.splice import reencode
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript, render
 
-FAST = CompressConfig(optim=OptimConfig(steps=2))
+FAST = CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=2))  # virtual tokens alone
 QUESTION = "Which library hashes the passwords?"
 
 
@@ -193,3 +193,23 @@ def test_a_recipe_saved_by_an_earlier_version_loads_in_todays_spelling():
     assert MultiTurnConfig.from_dict(config.to_dict()) == config
     with pytest.raises(VkvError, match="unknown CompressConfig setting"):
         MultiTurnConfig.from_dict({"compress": {"head_shares": "all"}})
+
+
+def test_a_session_with_the_default_recipe_keeps_compact_turns_that_save_load_and_answer(
+    tiny_llama, transcript, tmp_path
+):
+    """The default recipe (a per-head verbatim share, ranked per turn by the reconstruction pass on the running cache)
+    gives compact turns: each head holds only what it reaches, so the session's memory is the budget's."""
+    s = Session(tiny_llama, MultiTurnConfig(CompressConfig(optim=OptimConfig(steps=1)), target_source="online"))
+    s.extend(list(transcript.messages[:5]))
+    s.compress(turns=(1, 4), ratio=4.0)
+    kinds = [segment.kind for segment in s.cache.segments]
+    assert kinds == ["verbatim", "compact", "compact", "compact", "verbatim"]
+    turns = s.turns[1:4]
+    budgets = allocate([t.length for t in turns], span_budget(sum(t.length for t in turns), 4.0))
+    assert [segment.real_entries for segment in s.cache.segments[1:4]] == pytest.approx(budgets)
+    assert s.cache.physical_length < len(s.ids)
+    s.save(tmp_path / "s.safetensors")
+    restored = Session.load(tmp_path / "s.safetensors", tiny_llama)
+    assert restored.config.compress.verbatim_share == s.config.compress.verbatim_share > 0
+    assert torch.equal(question_logits(tiny_llama, s, s.cache), question_logits(tiny_llama, restored, restored.cache))

@@ -251,7 +251,7 @@ def add_arguments(group: argparse._ActionsContainer, config: type, skip: Iterabl
         common = {"default": s.default, "help": help_text}
         if s.required:
             common["required"] = True
-        if isinstance(s.default, bool):
+        if isinstance(s.default, bool) or set(typing.get_args(s.kind)) == {bool, type(None)}:
             group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=s.default, help=s.help)
         elif s.many:
             group.add_argument(s.flag, nargs="*", type=_element_type(s), metavar=s.metavar, **common)

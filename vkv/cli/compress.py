@@ -52,12 +52,16 @@ def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> N
     add_arguments(p.add_argument_group("multi-turn"), MultiTurnConfig, (*recipe, *skip))
 
 
-def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
-    """The recipe the flags give (a flag left at None keeps the field's default)."""
-    given = {
+def recipe_flags(args: argparse.Namespace) -> dict:
+    """The recipe's settings the flags give, by flat key (a flag left at None keeps the field's default)."""
+    return {
         s.key: getattr(args, s.key) for s in flat_settings(MultiTurnConfig) if getattr(args, s.key, None) is not None
     }
-    return from_flat(MultiTurnConfig, given).validate()
+
+
+def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
+    """The recipe the flags give."""
+    return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
@@ -84,10 +88,11 @@ def cmd_compress(args: argparse.Namespace) -> int:
     ) as on_step:
         spliced = compress_transcript(lm, transcript, turns, command.ratio, config, on_step=on_step)
     save_with_store(spliced, command, lm, transcript)
-    virtual = [s for s in spliced.segments if s.kind == "virtual"][0]
+    (virtual,) = [s for s in spliced.segments if s.kind != "verbatim"]  # compact with a per-head verbatim share
     summary = {
         "span_tokens": virtual.original_tokens,
-        "virtual_tokens": virtual.entries,
+        "entries_per_head": round(virtual.real_entries, 2),  # what the ratio counts
+        "slots_per_head": virtual.entries,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
         "ratio_achieved": round(virtual.ratio, 4),
         "initial_loss": virtual.stats["initial_loss"],
         "best_loss": virtual.stats["best_loss"],
@@ -143,6 +148,12 @@ def check_store(store: str, plan: MultiTurnConfig) -> None:
     if plan.keep_verbatim:
         raise VkvError(
             "--store embeddings cannot hold --keep-verbatim (hybrid) segments, whose kept tokens' K/V saw the whole turn"
+        )
+    if plan.compress.verbatim_share:
+        raise VkvError(
+            f"--store embeddings cannot hold segments with a per-head verbatim share (--verbatim-share "
+            f"{plan.compress.verbatim_share:g}, the default recipe's): each head keeps its own entries, which no "
+            "forward pass rebuilds; use --store kv, or --verbatim-share 0 for virtual tokens alone"
         )
     if plan.auto_ratio and plan.target_source == "oracle":
         raise VkvError(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import ModelConfig, console, load_model_from, write_json
-from vkv.cli.compress import add_recipe_args, recipe_from_args
+from vkv.cli.compress import add_recipe_args, recipe_flags, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
@@ -18,7 +18,7 @@ from vkv.evals.summary import aggregate
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
 from vkv.progress import step_bar
-from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, nested, setting
+from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, from_flat, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows, window_transcript
 
@@ -176,8 +176,8 @@ def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: 
     options = {o.field: getattr(args, key) for key, o in given.items() if cls.name in o.owners}
     if cls.recipe_class is MultiTurnConfig:
         options["recipe"] = recipe
-    elif cls.recipe_class is not None:
-        options["recipe"] = recipe.compress
+    elif cls.recipe_class is not None:  # its own class: defaults that depend on the recipe are its own
+        options["recipe"] = from_flat(cls.recipe_class, recipe_flags(args)).validate()
     if "verbatim" in cls.option_names():
         options["verbatim"] = recipe.verbatim
     return cls(**options)

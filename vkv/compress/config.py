@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields, replace
+from typing import Any, ClassVar
 
 from vkv.compress.distill import DistillConfig
 from vkv.compress.head_budget import HEAD_BUDGETS, head_budget_setting
@@ -16,10 +16,12 @@ from vkv.settings import Config, check_ranges, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
 SHARE_SCORES = ("readout", "reconstruction")
+DEFAULT_VERBATIM_SHARE = 0.9  # chosen on the long dev split at 8x and 16x (evals/RESULTS.md, issue 33)
 
 
 @dataclass
 class CompressConfig(Config):
+    head_verbatim: ClassVar[bool] = True  # whether the default recipe keeps a per-head verbatim share (where it can)
     pooling: str = setting("surprisal", "how tokens are weighted inside a block", lambda: sorted(POOLING_RULES))
     positions: str = setting(
         "centres",
@@ -38,9 +40,11 @@ class CompressConfig(Config):
     mass_floor: float = setting(
         0.0, "with --boundaries surprisal: each token's block mass is its surprisal + this × the span's mean", minimum=0
     )
-    proportional_attention: bool = setting(
-        True, "later queries add log(tokens per virtual token) to their attention logits"
-    )  # evidence: evals/RESULTS.md, stage 1
+    proportional_attention: bool | None = setting(
+        None,
+        "later queries add log(tokens per virtual token) to their attention logits (default: on for virtual tokens "
+        "alone, off beside a per-head verbatim share, where it weighs them against verbatim entries)",
+    )  # evidence: evals/RESULTS.md, stage 1 and issue 33
     fit_bias: bool = setting(
         False,
         "after the embeddings, fit one bias per layer, KV head and virtual token so that the span's own queries give "
@@ -56,24 +60,27 @@ class CompressConfig(Config):
         above=True,  # each head must have more virtual tokens to choose from than it keeps
     )
     share_scores: str = setting(
-        "readout",
+        "reconstruction",
         "with head_budget uniform or adaptive: how each KV head ranks the virtual tokens for its share. readout: the "
         "mean attention the span's own queries give them; reconstruction: the most KVzip importance (the "
         "reconstruction pass's attention, kvzip's scores) any token of their block receives in that head",
         SHARE_SCORES,
     )
-    verbatim_share: float = setting(
-        0.0,
+    verbatim_share: float | None = setting(
+        None,
         "with share_scores reconstruction: share of each KV head's budget kept as the span's own entries, those "
         "KVzip's reconstruction importance ranks best for the head; the rest go to virtual tokens ranked by the "
-        "best token of their block the head did not keep (0: all virtual)",
+        "best token of their block the head did not keep (0: all virtual; default: "
+        f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
         minimum=0,
     )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
     def validate(self) -> CompressConfig:
-        """One clear error naming the field for a setting no compression path accepts."""
+        """One clear error naming the field for a setting no compression path accepts; returns the recipe to run, with
+        the settings whose default depends on the rest of the recipe filled in (a copy: this one is not changed, so
+        it can serve several methods)."""
         for what, value, allowed in (
             ("pooling", self.pooling, POOLING_RULES),
             ("positions", self.positions, POSITION_SCHEMES),
@@ -85,6 +92,7 @@ class CompressConfig(Config):
             if value not in allowed:
                 raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
         check_ranges(self)
+        self = self._resolved()
         if self.verbatim_share:
             if not self.verbatim_share < 1:
                 raise VkvError(f"field verbatim_share: must be a fraction in [0, 1), got {self.verbatim_share}")
@@ -102,6 +110,31 @@ class CompressConfig(Config):
         self.distill.validate()
         return self
 
+    def _resolved(self) -> CompressConfig:
+        """This recipe with the settings whose default depends on the rest of it filled in (None: not given), so that
+        what runs and what is recorded are the same numbers: a per-head verbatim share where the recipe allows verbatim
+        entries, and proportional attention only for virtual tokens alone."""
+        for name, kinds in (("verbatim_share", (int, float)), ("proportional_attention", (bool,))):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
+                raise VkvError(f"field {name}: expected {kinds[-1].__name__}, got {value!r}")
+        share, proportional = self.verbatim_share, self.proportional_attention
+        if share is None:
+            allowed = self.head_verbatim and self.needs_reconstruction and not self.fit_bias and not self.distill.steps
+            share = DEFAULT_VERBATIM_SHARE if allowed else 0.0
+        if proportional is None:
+            proportional = not share
+        if (share, proportional) == (self.verbatim_share, self.proportional_attention):
+            return self
+        return replace(self, verbatim_share=share, proportional_attention=proportional)
+
+    @classmethod
+    def of(cls, recipe: CompressConfig | None) -> CompressConfig:
+        """`recipe` (None: the defaults) as this class, whose defaults may be resolved otherwise (`head_verbatim`)."""
+        if recipe is None:
+            return cls()
+        return recipe if type(recipe) is cls else cls(**{f.name: getattr(recipe, f.name) for f in fields(recipe)})
+
     def virtual_tokens(self, budget: int, available: int) -> int:
         """Virtual tokens to optimise for a budget of `budget` entries per KV head over `available` tokens: the budget,
         or `oversample` times it when each head attends only to its share."""
@@ -118,9 +151,15 @@ class CompressConfig(Config):
 
 
 def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-    """A recipe as sessions saved by earlier versions record it, in today's spelling, so that they still load: the ratio lived in the recipe before each command took its own, and `head_share` (all, uniform,
-    adaptive) became the `head_budget` every method shares (shared, uniform, adaptive)."""
+    """A recipe as sessions saved by earlier versions record it, in today's spelling and with the meaning it had then,
+    so that they still load: the ratio lived in the recipe before each command took its own, `head_share` (all,
+    uniform, adaptive) became the `head_budget` every method shares (shared, uniform, adaptive), and a recipe saved
+    before a setting existed ran without it (share_scores readout, no verbatim share; every saved recipe records
+    proportional_attention)."""
     d = {k: v for k, v in (d or {}).items() if k != "ratio"}
+    if d:
+        d.setdefault("share_scores", "readout")
+        d.setdefault("verbatim_share", 0.0)
     if "head_share" in d:
         share = d.pop("head_share")
         d.setdefault("head_budget", "shared" if share == "all" else share)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -67,6 +67,14 @@ class HybridConfig(Config):
                 raise VkvError(f"field {name}: must be a fraction in [0, 1), got {getattr(self, name)}")
         check_ranges(self)
         return self
+
+
+@dataclass
+class HybridRecipe(CompressConfig):
+    """The recipe of a turn-level hybrid's virtual part: it keeps its own verbatim tokens for every head, so by default
+    no per-head verbatim share (one asked for is refused, naming the field)."""
+
+    head_verbatim: ClassVar[bool] = False
 
 
 # ---- which tokens stay verbatim -------------------------------------------------------------------
@@ -138,10 +146,19 @@ def hybrid_segment(
     config: HybridConfig,
     message_starts: list[int] | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    token_scores: torch.Tensor | None = None,
 ) -> Segment:
     """`budget` entries for ids[acts.start:acts.end]: kept tokens' real K/V (`span_kv` holds the span's own
-    K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position."""
+    K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position;
+    `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's tokens, when the
+    recipe ranks the heads' shares by it."""
     config.validate()
+    compress = compress.validate()
+    if compress.verbatim_share:
+        raise VkvError(
+            "field verbatim_share: hybrid compression keeps its own verbatim tokens for every head (--verbatim-*); "
+            "set verbatim_share to 0, or use it without hybrid compression"
+        )
     if not target_kind(compress.target).order_free:
         raise VkvError(
             f"hybrid compression pools the remaining tokens out of order, so it supports targets "
@@ -160,7 +177,10 @@ def hybrid_segment(
     kept = choose_verbatim(acts, share, config)
     rest = _complement(kept, end - start)
     kept_kv = span_kv.select(kept)
-    virtual = _virtual_part(lm, ids, acts, rest, share.virtual, prefix.cat(kept_kv), compress, message_starts, on_step)
+    context = prefix.cat(kept_kv)
+    virtual = _virtual_part(
+        lm, ids, acts, rest, share.virtual, context, compress, message_starts, on_step, token_scores
+    )
     return _assemble(lm, ids, acts, kept, kept_kv, virtual, share, config)
 
 
@@ -174,11 +194,11 @@ class _VirtualPart:
     bias: torch.Tensor | None  # [layers, kv_heads, k] (SpanProblem.bias: log of the tokens each stands for, masks)
 
 
-def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step) -> _VirtualPart:
+def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step, token_scores) -> _VirtualPart:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
     or `oversample` times as many with a head-wise budget (each head then reaches `budget`)."""
     k = compress.virtual_tokens(budget, len(rest))
-    problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest)
+    problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest, token_scores=token_scores)
     targets, positions = problem.targets, problem.positions
     result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
     keys, values = virtual_kv(lm, result.embeddings, positions, prefix)

@@ -49,7 +49,9 @@ class SpanProblem:
     positions: torch.Tensor  # [k] float32 logical positions
     readout: AttentionTargets | None = None  # the span's own queries and the mass they give them (bias, budgets)
     readout_seconds: float = 0.0  # what building `readout` took (its share of the problem's time)
-    token_scores: torch.Tensor | None = None  # [layers, kv_heads, span] reconstruction importance (share_scores)
+    token_scores: torch.Tensor | None = (
+        None  # [layers, kv_heads, pooled tokens] reconstruction importance (share_scores)
+    )
 
     @property
     def k(self) -> int:
@@ -71,14 +73,17 @@ class SpanProblem:
         """The problem for ids[acts.start:acts.end] (or only the span-relative `tokens` `[n]`, ascending: hybrid's
         non-verbatim ones) with k virtual tokens, laid out by `config`; `attention` `[span]` is a question's
         attention, for the question-aware pooling rule only; `token_scores` `[layers, kv_heads, span]` the
-        reconstruction pass's importance of the span's tokens, for share_scores=reconstruction only."""
+        reconstruction pass's importance of the span's tokens (all of them, also with `tokens`), for
+        share_scores=reconstruction only."""
         start, end = acts.start, acts.end
+        if config.proportional_attention is None or config.verbatim_share is None:
+            raise VkvError("a span's problem needs a validated recipe: CompressConfig.validate() fills its defaults")
         if config.fit_bias and tokens is not None:  # the mass to fit would be the pooled tokens', not the span's
             raise VkvError("fit_bias is not implemented for spans kept partly verbatim (hybrid)")
-        if config.needs_reconstruction and (token_scores is None or tokens is not None):
+        if config.needs_reconstruction and token_scores is None:
             raise VkvError(
-                "share_scores=reconstruction is implemented for one span compressed whole (vkv compress without "
-                "--per-turn, and the vkv method in vkv eval and vkv sweep), not for this path; use share_scores=readout"
+                "share_scores=reconstruction ranks each head's share by the reconstruction pass's importance of the "
+                "span's tokens, and this compression path did not run it; use share_scores=readout"
             )
         if needs_queries(config) and acts.queries_pre_rope is None:
             # One more forward, over the full uncompressed text: right for `acts` captured there, which is why a
@@ -90,6 +95,7 @@ class SpanProblem:
                 acts.values[:, :, tokens], acts.keys_pre_rope[:, :, tokens], acts.surprisal[tokens], 0, len(tokens)
             )
             pooled_ids = torch.tensor(ids)[start + tokens]
+            token_scores = None if token_scores is None else token_scores[:, :, tokens]
         blocks = span_blocks(lm, ids, start, end, k, config, pooled.surprisal, message_starts, tokens=tokens)
         weights = block_weights(config.pooling, blocks, pooled.surprisal, attention)
         targets = build_targets(

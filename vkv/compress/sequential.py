@@ -18,18 +18,19 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, record_loss, segment_loss
+from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig, upgraded
 from vkv.compress.hybrid import HybridConfig, hybrid_segment
-from vkv.compress.problem import SpanProblem, needs_queries
+from vkv.compress.problem import needs_queries
+from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
 from vkv.compress.single import render_within_positions, virtual_segment
-from vkv.compress.targets import Targets, target_kind
+from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
@@ -68,7 +69,10 @@ class MultiTurnConfig(Config):
             )
         if self.tolerance.max_loss is not None and not self.auto_ratio:
             raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
-        self.compress.validate()
+        if self.keep_verbatim and self.compress.verbatim_share is None:
+            # the hybrid keeps its own verbatim tokens for every head (as HybridRecipe)
+            self.compress = replace(self.compress, verbatim_share=0.0)
+        self.compress = self.compress.validate()
         self.verbatim.validate()
         if self.auto_ratio:
             self.tolerance.validate()
@@ -292,7 +296,7 @@ def compress_virtual_turns(
     def compress_turn(running: SplicedCache, turn: Turn, online: TurnView, entries: int) -> Segment:
         oracle = history.view(turn) if history is not None else None
         view = oracle if oracle_targets else online
-        segment = _turn_segment(lm, ids, turn, view, lm.prefix(running), entries, config, message_starts)
+        segment = _turn_segment(lm, ids, turn, view, running, entries, config, message_starts)
         segment.stats.update(
             targets=config.target_source,
             loss=segment_loss(segment),
@@ -303,30 +307,35 @@ def compress_virtual_turns(
     return compress_turns(lm, ids, turns, cache, budgets, compress_turn, queries, on_turn)
 
 
-def turn_targets(
-    lm: FrozenLM,
-    ids: list[int],
-    acts: Activations,
-    k: int,
-    config: CompressConfig,
-    message_starts: list[int] | None,
-) -> Targets:
-    """The targets of `virtual_segment`'s k virtual tokens, rebuilt (deterministically) to measure its V loss."""
-    return SpanProblem.build(lm, ids, acts, k, config, message_starts).targets
+def turn_scores(lm: FrozenLM, ids: list[int], turn: Turn, view: TurnView, running: SplicedCache) -> torch.Tensor:
+    """KVzip's importance of the turn's entries `[layers, kv_heads, length]`: the reconstruction pass read out on top
+    of the running cache (not changed) and the turn's K/V as `view` holds them, the cache they will be used in."""
+    span = ids[turn.start : turn.end]
+    return ReconstructionPass.run_on(lm, span, turn.start, running.fork(), view.kv, DEFAULT_CHUNK, score=True).scores
 
 
 def _turn_segment(
-    lm, ids, turn: Turn, view: TurnView, prefix: KVPrefix, budget: int, config: MultiTurnConfig, message_starts
+    lm, ids, turn: Turn, view: TurnView, running: SplicedCache, budget: int, config: MultiTurnConfig, message_starts
 ) -> Segment:
+    prefix = lm.prefix(running)
+    scores = turn_scores(lm, ids, turn, view, running) if config.compress.needs_reconstruction else None
+
     def build(entries: int) -> Segment:
         if config.keep_verbatim:
             return hybrid_segment(
-                lm, ids, view.acts, view.kv, prefix, entries, config.compress, config.verbatim, message_starts
+                lm,
+                ids,
+                view.acts,
+                view.kv,
+                prefix,
+                entries,
+                config.compress,
+                config.verbatim,
+                message_starts,
+                token_scores=scores,
             )
-        segment = virtual_segment(lm, ids, view.acts, prefix, config.compress, entries, message_starts)
-        k = config.compress.virtual_tokens(entries, turn.length)  # with head-wise budgets, more than heads reach
-        return record_loss(
-            segment, segment.values, turn_targets(lm, ids, view.acts, k, config.compress, message_starts)
+        return virtual_segment(
+            lm, ids, view.acts, prefix, config.compress, entries, message_starts, token_scores=scores, span_kv=view.kv
         )
 
     if config.auto_ratio:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from vkv.compress.autoratio import record_loss
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
@@ -44,13 +45,17 @@ def virtual_segment(
     on_step: Callable[[int, float], None] | None = None,
     teacher: KVPrefix | None = None,
     token_scores: torch.Tensor | None = None,
+    span_kv: KVPrefix | None = None,
 ) -> Segment:
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`, `budget` entries per KV head
     (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
     when not given); `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's
-    tokens, when the recipe ranks the heads' shares by it."""
+    tokens, when the recipe ranks the heads' shares by it; `span_kv`: the span's own K/V as the cache will hold them
+    (the verbatim entries of a per-head hybrid; by default the teacher's). The segment records the virtual tokens'
+    V loss against their targets."""
     start, end = acts.start, acts.end
     started = time.perf_counter()
+    config = config.validate()
     split = HeadSplit.of(budget, config.verbatim_share)
     problem = SpanProblem.build(
         lm,
@@ -66,7 +71,7 @@ def virtual_segment(
     built = time.perf_counter()
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
-    if teacher is None and (config.distill.validate().steps or split.verbatim):
+    if teacher is None and (config.distill.validate().steps or (split.verbatim and span_kv is None)):
         _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
         teacher = KVPrefix.from_cache(cache)
     if config.distill.steps:
@@ -97,43 +102,34 @@ def virtual_segment(
         "bias": round(time.perf_counter() - kv_done, 4),
     }
     segment = Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
+    record_loss(segment, values, problem.targets)
     if split.verbatim:
-        if teacher.length != end:
-            raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
-        segment = beside_verbatim(lm, ids, segment, teacher.slice(start, end), own, virtual)
+        if span_kv is None:
+            if teacher.length != end:
+                raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
+            span_kv = teacher.slice(start, end)
         stats["verbatim_per_head"] = split.verbatim
+        segment = beside_verbatim(segment, span_kv, own, virtual)
     return segment
 
 
-def beside_verbatim(
-    lm: FrozenLM, ids: list[int], virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor, bias: torch.Tensor
-) -> Segment:
-    """The span's own entries (`span_kv`, batch 1) and the `virtual` segment's as one segment in position order, each
-    head reaching those its biases (`own_bias` `[layers, kv_heads, n]`, `bias` `[layers, kv_heads, k]`) do not mask."""
-    start, end = virtual.span
-    own = verbatim_segment(span_kv, start)
-    with torch.no_grad():
-        own_embeddings = lm.embed(torch.tensor(ids[start:end], dtype=torch.long)).float().cpu().reshape(end - start, -1)
+def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor, bias: torch.Tensor) -> Segment:
+    """The span's own entries (`span_kv`, batch 1) and the `virtual` segment's, each head reaching those its biases
+    (`own_bias` `[layers, kv_heads, n]`, `bias` `[layers, kv_heads, k]`) do not mask, as one compact segment: each
+    head's slots hold only what it reaches, so the segment's memory is what the ratio counts (most of a span's own
+    entries are reached by some head, so one slot per own entry would hold nearly the whole span)."""
+    own = verbatim_segment(span_kv, virtual.span[0])
     positions = torch.cat([own.positions, virtual.positions.float()])
     order = positions.argsort(stable=True)
 
-    def joined(a: torch.Tensor, b: torch.Tensor, dim: int) -> torch.Tensor:
-        return torch.cat([a.float().cpu(), b.float().cpu()], dim=dim).index_select(dim, order).contiguous()
+    def joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cat([a.float().cpu(), b.float().cpu()], dim=2).index_select(2, order)
 
-    own_slots = torch.cat([torch.ones(end - start, dtype=torch.bool), torch.zeros(virtual.entries, dtype=torch.bool)])
-    # the slots holding the span's own K/V, computed with the whole span in view: what an embeddings-only file cannot
-    # rebuild (kv/stored.py refuses such segments by this field, as it does the turn-level hybrid's)
-    virtual.stats["verbatim_entries"] = own_slots[order].nonzero()[:, 0].tolist()
-    return Segment(
-        "virtual",
-        virtual.span,
-        joined(own.keys, virtual.keys, 2),
-        joined(own.values, virtual.values, 2),
-        positions[order],
-        joined(own_embeddings, virtual.embeddings, 0),
-        virtual.stats,
-        joined(own_bias, bias, 2),
+    keys, values = joined(own.keys, virtual.keys), joined(own.values, virtual.values)
+    dense = Segment(
+        "virtual", virtual.span, keys, values, positions[order], None, virtual.stats, joined(own_bias, bias)
     )
+    return dense.compacted()
 
 
 def compress_span(
@@ -151,6 +147,7 @@ def compress_span(
     if not 0 <= start < end <= len(ids):
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
     budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
+    config = config.validate()
     acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
     full = KVPrefix.from_cache(cache)  # ids[:end]
     scores = None

@@ -91,6 +91,27 @@ class Segment:
         counts["biased"] = self.carries_bias
         return counts
 
+    def compacted(self) -> Segment:
+        """The same entries in the fewest slots, as a compact segment: each layer's and KV head's reached entries
+        (finite bias) in slot order, padded to the most any head reaches with copies of its first entry masked by −inf
+        (the layout of kvzip's per-head segments). Later queries attend to the same keys, values and biases, so only the
+        memory changes; embeddings go, since a slot no longer stands for one input for every head. Entry j's position is
+        the mean position of the j-th reached entries of every head."""
+        reach = torch.isfinite(self.bias)  # [layers, kv_heads, entries]
+        counts = reach.sum(-1)
+        slots = int(counts.max())
+        order = (~reach).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]  # reached first, in slot order
+        real = torch.arange(slots) < counts[..., None]
+
+        def gathered(t: torch.Tensor) -> torch.Tensor:
+            picked = t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1]))
+            return torch.where(real[..., None], picked, picked[:, :, :1]).contiguous()
+
+        bias = self.bias.float().gather(2, order).masked_fill(~real, MASKED)
+        positions = (self.positions.float()[order] * real).sum((0, 1)) / real.sum((0, 1)).clamp_min(1)
+        stats = {**self.stats, "compacted_from": self.entries}
+        return Segment("compact", self.span, gathered(self.keys), gathered(self.values), positions, None, stats, bias)
+
     def row(self) -> dict[str, Any]:
         return {
             "kind": self.kind,

@@ -50,8 +50,8 @@ def check_rebuildable(segments: list[Segment], ids: Sequence[int] | None, path) 
         where = f"{path}: field segments[{i}]"
         if seg.kind == "compact":
             raise VkvError(
-                f"{where}.kind: a compact segment holds real keys chosen per head (am, kvzip), which no forward pass "
-                "rebuilds; save it with store kv"
+                f"{where}.kind: a compact segment holds entries chosen per head (am, kvzip, vkv with a per-head "
+                "verbatim share), which no forward pass rebuilds; save it with store kv"
             )
         if seg.kind == "virtual" and (seg.embeddings is None or seg.stats.get("verbatim_entries")):
             raise VkvError(

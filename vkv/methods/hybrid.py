@@ -2,7 +2,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
+from vkv.compress.reconstruction import reconstruction_scores
 from vkv.kv.segment import Segment
 from vkv.methods.base import BudgetMethod
 from vkv.methods.work import SpanWork
@@ -15,12 +16,12 @@ class Hybrid(BudgetMethod):
 
     name = "hybrid"
     reports_steps = True
-    recipe_class: ClassVar[type] = CompressConfig
-    recipe: CompressConfig | None = None  # None: the defaults
+    recipe_class: ClassVar[type] = HybridRecipe
+    recipe: HybridRecipe | None = None  # None: the defaults
     verbatim: HybridConfig | None = None  # None: the defaults
 
     def settings(self) -> tuple[CompressConfig, HybridConfig]:
-        return self.recipe or CompressConfig(), (self.verbatim or HybridConfig()).validate()
+        return HybridRecipe.of(self.recipe).validate(), (self.verbatim or HybridConfig()).validate()
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         compress, verbatim = self.settings()
@@ -36,6 +37,7 @@ class Hybrid(BudgetMethod):
             verbatim,
             work.message_starts,
             on_step,
+            reconstruction_scores(work) if compress.needs_reconstruction else None,
         )
 
     def config(self) -> dict:

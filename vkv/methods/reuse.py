@@ -32,19 +32,27 @@ CARRIES = ("reencode", "as-is", "fresh")
 
 
 @dataclass
+class ReuseRecipe(CompressConfig):
+    """vkv's recipe as reuse runs it: virtual tokens alone by default, since re-encoding carries their embeddings
+    (a per-head verbatim share keeps entries that have none; one asked for is refused when re-encoding)."""
+
+    head_verbatim: ClassVar[bool] = False
+
+
+@dataclass
 class Reuse(Method):
     """The span's last message compressed by `method` on the full history, carried onto the rest of the span
     compressed again by `history` at `history_ratio` (re-encoded, as it was, or compressed afresh there)."""
 
     name = "reuse"
-    recipe_class: ClassVar[type] = CompressConfig
+    recipe_class: ClassVar[type] = ReuseRecipe
     method: str = setting("vkv", "what compresses the carried (last) message, at the run's ratio")
     carry: str = setting(
         "reencode", "reencode (virtual tokens only), as-is, or fresh (methods with a budget only)", CARRIES
     )
     history: str = setting("am", "what compresses the rest of the span afterwards, or verbatim (left unchanged)")
     history_ratio: float = setting(4.8, "the ratio the history is compressed at", minimum=1)
-    recipe: CompressConfig | None = None  # for a virtual-token `method`: its recipe (None: the defaults)
+    recipe: CompressConfig | None = None  # for a virtual-token `method`: its recipe (None: ReuseRecipe's defaults)
 
     def compress(self, work: SpanWork, ratio: float, on_step=None) -> SegmentGroup:
         self.check()
@@ -81,7 +89,8 @@ class Reuse(Method):
     def _method(self) -> Method:
         from vkv.methods import get_method  # cycle: the registry imports this module
 
-        return get_method(self.method, recipe=self.recipe)
+        virtual = self.method in ("vkv", "meanpool")
+        return get_method(self.method, recipe=ReuseRecipe.of(self.recipe).validate() if virtual else self.recipe)
 
     def _compress_history(self, work: SpanWork) -> list[Segment]:
         if self.history == "verbatim":
@@ -94,7 +103,7 @@ class Reuse(Method):
         return list(result) if isinstance(result, SegmentGroup) else [result]
 
     def config(self) -> dict:
-        recipe = (self.recipe or CompressConfig()).to_dict() if self.method in ("vkv", "meanpool") else None
+        recipe = ReuseRecipe.of(self.recipe).validate().to_dict() if self.method in ("vkv", "meanpool") else None
         fields = {k: v for k, v in super().config().items() if k != "recipe"}
         return fields | {"recipe": recipe}
 

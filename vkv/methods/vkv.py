@@ -19,7 +19,7 @@ class VirtualTokens(BudgetMethod):
     recipe: CompressConfig | None = None  # None: the defaults
 
     def settings(self) -> CompressConfig:
-        return self.recipe or CompressConfig()
+        return (self.recipe or CompressConfig()).validate()
 
     @property
     def question_aware(self) -> bool:

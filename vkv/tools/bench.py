@@ -81,7 +81,9 @@ def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: fl
     rendered = render(transcript, lm.tokenizer)
     start, end = rendered.token_span(*parse_turn_span(span, transcript))
     acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
-    config = CompressConfig()
+    # the optimiser's problem: the default recipe's targets and positions for `budget` virtual tokens; how each head
+    # spends its share (and which entries stay verbatim) is not part of it
+    config = replace(CompressConfig().validate(), head_budget="shared")
     message_starts = [s.start for s in rendered.spans]
     problem = SpanProblem.build(lm, rendered.ids, acts, span_budget(end - start, ratio), config, message_starts)
     prefix = KVPrefix.from_cache(cache, start)
