@@ -77,6 +77,17 @@ class HybridRecipe(CompressConfig):
     head_verbatim: ClassVar[bool] = False
 
 
+def without_head_verbatim(compress: CompressConfig) -> CompressConfig:
+    """`compress` (validated) as the virtual part of a turn-level hybrid takes it: refused, naming the field, when it
+    keeps a per-head verbatim share too."""
+    if compress.verbatim_share:
+        raise VkvError(
+            "field verbatim_share: hybrid compression keeps its own verbatim tokens for every head (--verbatim-*); "
+            "set verbatim_share to 0, or use it without hybrid compression"
+        )
+    return compress
+
+
 # ---- which tokens stay verbatim -------------------------------------------------------------------
 
 
@@ -153,12 +164,7 @@ def hybrid_segment(
     `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's tokens, when the
     recipe ranks the heads' shares by it."""
     config.validate()
-    compress = compress.validate()
-    if compress.verbatim_share:
-        raise VkvError(
-            "field verbatim_share: hybrid compression keeps its own verbatim tokens for every head (--verbatim-*); "
-            "set verbatim_share to 0, or use it without hybrid compression"
-        )
+    compress = without_head_verbatim(compress.validate())
     if not target_kind(compress.target).order_free:
         raise VkvError(
             f"hybrid compression pools the remaining tokens out of order, so it supports targets "

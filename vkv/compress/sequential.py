@@ -26,7 +26,7 @@ import torch
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig, upgraded
-from vkv.compress.hybrid import HybridConfig, hybrid_segment
+from vkv.compress.hybrid import HybridConfig, hybrid_segment, without_head_verbatim
 from vkv.compress.problem import needs_queries
 from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
 from vkv.compress.single import render_within_positions, virtual_segment
@@ -73,6 +73,8 @@ class MultiTurnConfig(Config):
             # the hybrid keeps its own verbatim tokens for every head (as HybridRecipe)
             self.compress = replace(self.compress, verbatim_share=0.0)
         self.compress = self.compress.validate()
+        if self.keep_verbatim:
+            without_head_verbatim(self.compress)
         self.verbatim.validate()
         if self.auto_ratio:
             self.tolerance.validate()
