@@ -76,6 +76,9 @@ class HybridRecipe(CompressConfig):
 
     head_verbatim: ClassVar[bool] = False
 
+    def validate(self) -> CompressConfig:
+        return without_head_verbatim(super().validate())
+
 
 def without_head_verbatim(compress: CompressConfig) -> CompressConfig:
     """`compress` (validated) as the virtual part of a turn-level hybrid takes it: refused, naming the field, when it

@@ -49,9 +49,7 @@ class SpanProblem:
     positions: torch.Tensor  # [k] float32 logical positions
     readout: AttentionTargets | None = None  # the span's own queries and the mass they give them (bias, budgets)
     readout_seconds: float = 0.0  # what building `readout` took (its share of the problem's time)
-    token_scores: torch.Tensor | None = (
-        None  # [layers, kv_heads, pooled tokens] reconstruction importance (share_scores)
-    )
+    token_scores: torch.Tensor | None = None  # [layers, kv_heads, pooled tokens] reconstruction importance
 
     @property
     def k(self) -> int:

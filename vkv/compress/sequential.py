@@ -18,7 +18,7 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ import torch
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig, upgraded
-from vkv.compress.hybrid import HybridConfig, hybrid_segment, without_head_verbatim
+from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
 from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
 from vkv.compress.single import render_within_positions, virtual_segment
@@ -69,12 +69,9 @@ class MultiTurnConfig(Config):
             )
         if self.tolerance.max_loss is not None and not self.auto_ratio:
             raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
-        if self.keep_verbatim and self.compress.verbatim_share is None:
-            # the hybrid keeps its own verbatim tokens for every head (as HybridRecipe)
-            self.compress = replace(self.compress, verbatim_share=0.0)
+        if self.keep_verbatim:  # the hybrid keeps its own verbatim tokens for every head
+            self.compress = HybridRecipe.of(self.compress)
         self.compress = self.compress.validate()
-        if self.keep_verbatim:
-            without_head_verbatim(self.compress)
         self.verbatim.validate()
         if self.auto_ratio:
             self.tolerance.validate()

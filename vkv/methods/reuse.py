@@ -89,8 +89,11 @@ class Reuse(Method):
     def _method(self) -> Method:
         from vkv.methods import get_method  # cycle: the registry imports this module
 
-        virtual = self.method in ("vkv", "meanpool")
-        return get_method(self.method, recipe=ReuseRecipe.of(self.recipe).validate() if virtual else self.recipe)
+        return get_method(self.method, recipe=self._recipe() or self.recipe)
+
+    def _recipe(self) -> CompressConfig | None:
+        """The recipe a virtual-token `method` runs (None for any other method)."""
+        return ReuseRecipe.of(self.recipe).validate() if self.method in ("vkv", "meanpool") else None
 
     def _compress_history(self, work: SpanWork) -> list[Segment]:
         if self.history == "verbatim":
@@ -103,9 +106,9 @@ class Reuse(Method):
         return list(result) if isinstance(result, SegmentGroup) else [result]
 
     def config(self) -> dict:
-        recipe = ReuseRecipe.of(self.recipe).validate().to_dict() if self.method in ("vkv", "meanpool") else None
+        recipe = self._recipe()
         fields = {k: v for k, v in super().config().items() if k != "recipe"}
-        return fields | {"recipe": recipe}
+        return fields | {"recipe": None if recipe is None else recipe.to_dict()}
 
 
 def _last_message_start(work: SpanWork) -> int:
