@@ -341,6 +341,32 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
     assert torch.equal(back.bias, compact.bias) and torch.equal(back.keys[reach], compact.keys[reach])
 
 
+def test_virtual_offset_shifts_only_the_virtual_tokens_logits_beside_verbatim_entries(evaluation):
+    """virtual_offset adds one number to the bias of every virtual token a head reaches and to nothing else: the same
+    optimisation gives the same keys and values, each head's own entries keep bias 0, and a very negative offset leaves
+    the read-out of each head's verbatim entries alone."""
+    work = evaluation.work
+    base = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=1))
+    plain = get_method("vkv", recipe=base).compress(work, 3.0)
+    shifted = get_method("vkv", recipe=replace(base, virtual_offset=-3.0)).compress(work, 3.0)
+    split = HeadSplit.of(work.budget(3.0), 0.5)
+    assert torch.equal(shifted.keys, plain.keys) and torch.equal(shifted.values, plain.values)
+    reach = torch.isfinite(plain.bias)
+    assert torch.equal(torch.isfinite(shifted.bias), reach)
+    moved = (shifted.bias - plain.bias)[reach]
+    assert bool(((moved == 0) | (moved == -3.0)).all())
+    assert bool(((shifted.bias - plain.bias).nan_to_num(0.0) == -3.0).sum(-1).eq(split.virtual).all())
+    assert bool((plain.bias[reach] == 0).all())  # proportional attention off beside verbatim entries
+    gone = get_method("vkv", recipe=replace(base, virtual_offset=-200.0)).compress(work, 3.0)
+    own = gone.bias == 0
+    query = torch.randn(*gone.keys.shape[:2], 4, gone.keys.shape[-1], generator=torch.Generator().manual_seed(0))
+
+    def attend(bias: torch.Tensor) -> torch.Tensor:
+        return ((query @ gone.keys.transpose(-1, -2)) + bias[:, :, None]).softmax(-1) @ gone.values
+
+    torch.testing.assert_close(attend(gone.bias), attend(gone.bias.masked_fill(~own, float("-inf"))))
+
+
 def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_same():
     """Compacting keeps each head's reached entries (finite bias) in slot order and nothing else, so attention over
     it equals attention over the original for any query."""
@@ -384,6 +410,9 @@ def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_sa
             {"verbatim_share": 0.5, "share_scores": "reconstruction", "fit_bias": True},
             "field verbatim_share: fit_bias and the distillation stage are not implemented",
         ),
+        ({"verbatim_share": 0.0, "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),
+        ({"head_budget": "shared", "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),
+        ({"virtual_offset": float("-inf")}, "field virtual_offset: must be a finite number"),
     ],
 )
 def test_per_head_hybrid_refuses_what_it_does_not_implement(options, message):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -74,6 +75,11 @@ class CompressConfig(Config):
         f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
         minimum=0,
     )
+    virtual_offset: float = setting(
+        0.0,
+        "with a verbatim share: added to every virtual token's attention logit, so that a negative offset makes the "
+        "virtual tokens yield attention to the exact entries beside them (0: weighed by their keys alone)",
+    )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
@@ -106,6 +112,13 @@ class CompressConfig(Config):
                     "field verbatim_share: fit_bias and the distillation stage are not implemented beside verbatim "
                     "entries (they fit the virtual tokens alone); set them off or verbatim_share to 0"
                 )
+        if not math.isfinite(self.virtual_offset):
+            raise VkvError(f"field virtual_offset: must be a finite number, got {self.virtual_offset}")
+        if self.virtual_offset and not self.verbatim_share:
+            raise VkvError(
+                "field virtual_offset: it weighs virtual tokens against the verbatim entries beside them, and this "
+                "recipe keeps none (verbatim_share 0); set it to 0"
+            )
         self.optim.validate()
         self.distill.validate()
         return self

@@ -44,14 +44,19 @@ def reached(index: torch.Tensor, real: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def head_hybrid_bias(
-    token_scores: torch.Tensor, blocks: Blocks, split: HeadSplit, rule: str, proportional_attention: bool
+    token_scores: torch.Tensor,
+    blocks: Blocks,
+    split: HeadSplit,
+    rule: str,
+    proportional_attention: bool,
+    offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
     (blocks over the whole span), −inf where a head does not reach the entry. `token_scores` `[layers, heads, n]` is
     the reconstruction pass's importance of the span's tokens; each layer keeps `split.verbatim` own entries and
     `split.virtual` virtual tokens per head (`rule`: uniform or adaptive, compress/head_budget.py). A reached own entry
     has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
-    proportional attention, else 0."""
+    proportional attention, else 0, plus `offset`."""
     layers, heads, n = token_scores.shape
     verbatim = torch.zeros(layers, heads, n, dtype=torch.bool)
     if split.verbatim:
@@ -60,7 +65,7 @@ def head_hybrid_bias(
     virtual = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)
     block = torch.repeat_interleave(torch.arange(blocks.count), blocks.sizes().long())
     dropped = torch.zeros(layers, heads, blocks.count).index_add_(-1, block, (~verbatim).float())
-    mass = dropped.log() if proportional_attention else torch.zeros_like(dropped)
+    mass = (dropped.log() if proportional_attention else torch.zeros_like(dropped)) + offset
     return (
         torch.zeros(layers, heads, n).masked_fill(~verbatim, MASKED),
         mass.masked_fill(~virtual, MASKED),

@@ -89,7 +89,12 @@ def virtual_segment(
     if split.verbatim:
         bias, separable = None, None
         own, virtual = head_hybrid_bias(
-            token_scores, problem.blocks, split, config.head_budget, config.proportional_attention
+            token_scores,
+            problem.blocks,
+            split,
+            config.head_budget,
+            config.proportional_attention,
+            config.virtual_offset,
         )
     else:
         bias, separable = problem.bias(config, keys, budget)
