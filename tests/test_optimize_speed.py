@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tests.conftest import build_tiny
 from vkv.compress.budget import entries_at
 from vkv.compress.optimise import OptimConfig, optimise, optimise_batch
 from vkv.compress.pooling import block_weights, partition
@@ -14,6 +15,7 @@ from vkv.compress.positions import virtual_positions
 from vkv.compress.targets import build_targets
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span
+from vkv.lm.frozen import FrozenLM
 from vkv.tools.bench import (
     bench_quant,
     prepare_span,
@@ -147,6 +149,16 @@ def test_bf16_autocast_keeps_fp32_embeddings_and_optimises(tiny_llama):
     assert result.embeddings.dtype == torch.float32
     assert math.isfinite(result.best_loss) and result.best_loss < result.initial_loss
     assert abs(result.initial_loss - exact.initial_loss) < 0.02 * exact.initial_loss
+
+
+def test_a_16_bit_model_optimises_without_autocast(smol_tokenizer):
+    """`--quant bf16` without bf16 autocast (precision fp32, or a CPU without AMX): the attention output, computed
+    against fp32 masks, goes into the model's own bf16 projections."""
+    tiny = build_tiny("llama", smol_tokenizer)
+    lm = FrozenLM(tiny.model.to(torch.bfloat16), smol_tokenizer, name="tiny-bf16", quant="bf16", device=tiny.device)
+    prefix, targets, positions = make_problem(lm, 5, 25)
+    result = optimise(lm, prefix, targets, positions, OptimConfig(steps=3, lr=2e-3, precision="fp32"))
+    assert math.isfinite(result.best_loss) and result.best_loss <= result.initial_loss
 
 
 def test_plan_weights_and_activations_match_the_tiny_model(tiny_llama):
