@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from tests.conftest import FIXTURES
 from vkv.compress.budget import allocate
-from vkv.compress.config import DEFAULT_VERBATIM_SHARE, CompressConfig
+from vkv.compress.config import DEFAULT_VERBATIM_SHARE, DEFAULT_VIRTUAL_OFFSET, CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, choose_verbatim, hybrid_segment, verbatim_share
@@ -324,7 +324,7 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
             torch.testing.assert_close(segment.keys[layer, head, slots[own]], keys[layer, head, picked[own]])
             torch.testing.assert_close(segment.values[layer, head, slots[own]], values[layer, head, picked[own]])
             assert bool((segment.bias[layer, head, slots[own]] == 0).all())
-            expected = dropped[layer, head, picked[~own] - n].log()
+            expected = dropped[layer, head, picked[~own] - n].log() + DEFAULT_VIRTUAL_OFFSET  # the default offset
             torch.testing.assert_close(segment.bias[layer, head, slots[~own]], expected)
     result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
     assert result["compressed_entries"] == pytest.approx(budget) and result["ratio_memory"] > 2.0
@@ -346,7 +346,9 @@ def test_virtual_offset_shifts_only_the_virtual_tokens_logits_beside_verbatim_en
     optimisation gives the same keys and values, each head's own entries keep bias 0, and a very negative offset leaves
     the read-out of each head's verbatim entries alone."""
     work = evaluation.work
-    base = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=1))
+    base = CompressConfig(
+        head_budget="uniform", verbatim_share=0.5, virtual_offset=0.0, oversample=2.0, optim=OptimConfig(steps=1)
+    )
     plain = get_method("vkv", recipe=base).compress(work, 3.0)
     shifted = get_method("vkv", recipe=replace(base, virtual_offset=-3.0)).compress(work, 3.0)
     split = HeadSplit.of(work.budget(3.0), 0.5)
@@ -357,7 +359,7 @@ def test_virtual_offset_shifts_only_the_virtual_tokens_logits_beside_verbatim_en
     assert bool(((moved == 0) | (moved == -3.0)).all())
     assert bool(((shifted.bias - plain.bias).nan_to_num(0.0) == -3.0).sum(-1).eq(split.virtual).all())
     assert bool((plain.bias[reach] == 0).all())  # proportional attention off beside verbatim entries
-    gone = get_method("vkv", recipe=replace(base, virtual_offset=-200.0)).compress(work, 3.0)
+    gone = get_method("vkv", recipe=replace(base, virtual_offset=-30.0)).compress(work, 3.0)
     own = gone.bias == 0
     query = torch.randn(*gone.keys.shape[:2], 4, gone.keys.shape[-1], generator=torch.Generator().manual_seed(0))
 
@@ -412,7 +414,7 @@ def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_sa
         ),
         ({"verbatim_share": 0.0, "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),
         ({"head_budget": "shared", "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),
-        ({"virtual_offset": float("-inf")}, "field virtual_offset: must be a finite number"),
+        ({"virtual_offset": float("-inf")}, "field virtual_offset: must be a finite number at least -30"),
     ],
 )
 def test_per_head_hybrid_refuses_what_it_does_not_implement(options, message):
@@ -424,14 +426,16 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
     """The default share and proportional attention follow the rest of the recipe, resolved where it is validated (so
     what runs is what is recorded); an explicit value is kept, and an older file's recipe keeps the meaning it had."""
     default = CompressConfig().validate()
-    assert (default.share_scores, default.verbatim_share, default.proportional_attention) == (
+    assert (default.share_scores, default.verbatim_share, default.proportional_attention, default.virtual_offset) == (
         "reconstruction",
         DEFAULT_VERBATIM_SHARE,
         False,
+        DEFAULT_VIRTUAL_OFFSET,
     )
     for virtual_only in ({"head_budget": "shared"}, {"share_scores": "readout"}, {"fit_bias": True}):
         config = CompressConfig(**virtual_only).validate()
-        assert config.verbatim_share == 0.0 and config.proportional_attention is True
+        assert config.verbatim_share == 0.0 and config.proportional_attention is True and config.virtual_offset == 0
+    assert CompressConfig(verbatim_share=0.5, virtual_offset=-1).validate().virtual_offset == -1
     assert CompressConfig(verbatim_share=0.0).validate().proportional_attention is True
     assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
     assert HybridRecipe().validate().verbatim_share == 0.0  # the turn-level hybrid keeps its own verbatim tokens
@@ -444,11 +448,18 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
         CompressConfig(proportional_attention="yes").validate()
     with pytest.raises(VkvError, match="field verbatim_share: expected float, got True"):
         CompressConfig(verbatim_share=True).validate()
+    with pytest.raises(VkvError, match="field virtual_offset: expected float, got True"):
+        CompressConfig(virtual_offset=True).validate()
     saved = CompressConfig(share_scores="readout", verbatim_share=0.0, proportional_attention=True).validate().to_dict()
-    for key in ("share_scores", "verbatim_share"):  # a recipe saved before the setting existed
+    for key in ("share_scores", "verbatim_share", "virtual_offset"):  # a recipe saved before the setting existed
         del saved[key]
     old = CompressConfig.from_dict(saved)
-    assert (old.share_scores, old.verbatim_share, old.proportional_attention) == ("readout", 0.0, True)
+    assert (old.share_scores, old.verbatim_share, old.proportional_attention, old.virtual_offset) == (
+        "readout",
+        0.0,
+        True,
+        0.0,
+    )
 
 
 def test_per_head_hybrid_per_turn_ranks_each_turn_by_its_reconstruction_pass_on_the_running_cache(evaluation):

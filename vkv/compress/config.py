@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
@@ -18,6 +17,7 @@ from vkv.settings import Config, check_ranges, nested, setting
 BOUNDARIES = ("equal", "lines", "surprisal")
 SHARE_SCORES = ("readout", "reconstruction")
 DEFAULT_VERBATIM_SHARE = 0.9  # chosen on the long dev split at 8x and 16x (evals/RESULTS.md, issue 33)
+DEFAULT_VIRTUAL_OFFSET = -4.0  # chosen on the long dev split's whole sessions at 3.2x (evals/RESULTS.md, issue 33)
 
 
 @dataclass
@@ -75,10 +75,12 @@ class CompressConfig(Config):
         f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
         minimum=0,
     )
-    virtual_offset: float = setting(
-        0.0,
+    virtual_offset: float | None = setting(
+        None,
         "with a verbatim share: added to every virtual token's attention logit, so that a negative offset makes the "
-        "virtual tokens yield attention to the exact entries beside them (0: weighed by their keys alone)",
+        "virtual tokens yield attention to the exact entries beside them (0: weighed by their keys alone; default: "
+        f"{DEFAULT_VIRTUAL_OFFSET} beside a verbatim share, else 0)",
+        minimum=-30,  # e^-30 of a key's weight: the virtual tokens are gone; lower would only underflow
     )
     optim: OptimConfig = nested(OptimConfig)
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
@@ -112,8 +114,6 @@ class CompressConfig(Config):
                     "field verbatim_share: fit_bias and the distillation stage are not implemented beside verbatim "
                     "entries (they fit the virtual tokens alone); set them off or verbatim_share to 0"
                 )
-        if not math.isfinite(self.virtual_offset):
-            raise VkvError(f"field virtual_offset: must be a finite number, got {self.virtual_offset}")
         if self.virtual_offset and not self.verbatim_share:
             raise VkvError(
                 "field virtual_offset: it weighs virtual tokens against the verbatim entries beside them, and this "
@@ -126,8 +126,13 @@ class CompressConfig(Config):
     def _resolved(self) -> CompressConfig:
         """This recipe with the settings whose default depends on the rest of it filled in (None: not given), so that
         what runs and what is recorded are the same numbers: a per-head verbatim share where the recipe allows verbatim
-        entries, and proportional attention only for virtual tokens alone."""
-        for name, kinds in (("verbatim_share", (int, float)), ("proportional_attention", (bool,))):
+        entries, proportional attention only for virtual tokens alone, and a logit offset only beside verbatim
+        entries."""
+        for name, kinds in (
+            ("verbatim_share", (int, float)),
+            ("proportional_attention", (bool,)),
+            ("virtual_offset", (int, float)),
+        ):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
                 raise VkvError(f"field {name}: expected {kinds[-1].__name__}, got {value!r}")
@@ -137,9 +142,12 @@ class CompressConfig(Config):
             share = DEFAULT_VERBATIM_SHARE if allowed else 0.0
         if proportional is None:
             proportional = not share
-        if (share, proportional) == (self.verbatim_share, self.proportional_attention):
+        offset = self.virtual_offset
+        if offset is None:
+            offset = DEFAULT_VIRTUAL_OFFSET if share else 0.0
+        if (share, proportional, offset) == (self.verbatim_share, self.proportional_attention, self.virtual_offset):
             return self
-        return replace(self, verbatim_share=share, proportional_attention=proportional)
+        return replace(self, verbatim_share=share, proportional_attention=proportional, virtual_offset=offset)
 
     @classmethod
     def of(cls, recipe: CompressConfig | None) -> CompressConfig:
@@ -167,12 +175,13 @@ def upgraded(d: dict[str, Any]) -> dict[str, Any]:
     """A recipe as sessions saved by earlier versions record it, in today's spelling and with the meaning it had then,
     so that they still load: the ratio lived in the recipe before each command took its own, `head_share` (all,
     uniform, adaptive) became the `head_budget` every method shares (shared, uniform, adaptive), and a recipe saved
-    before a setting existed ran without it (share_scores readout, no verbatim share; every saved recipe records
-    proportional_attention)."""
+    before a setting existed ran without it (share_scores readout, no verbatim share, no logit offset; every saved
+    recipe records proportional_attention)."""
     d = {k: v for k, v in (d or {}).items() if k != "ratio"}
     if d:
         d.setdefault("share_scores", "readout")
         d.setdefault("verbatim_share", 0.0)
+        d.setdefault("virtual_offset", 0.0)
     if "head_share" in d:
         share = d.pop("head_share")
         d.setdefault("head_budget", "shared" if share == "all" else share)
