@@ -18,7 +18,7 @@ from vkv.lm.frozen import FrozenLM
 
 @dataclass
 class Activations:
-    """What the model computed for tokens [start, end) of a sequence."""
+    """What the model computed for tokens [start, end) of a sequence, on the CPU (targets are built there)."""
 
     values: torch.Tensor  # [layers, kv_heads, span, head_dim]
     keys_pre_rope: torch.Tensor  # [layers, kv_heads, span, head_dim]
@@ -52,7 +52,7 @@ def projection_hooks(
         def hook(_module, _inputs, output):
             batch, seq = output.shape[0], output.shape[1]
             per_head = output.reshape(batch, seq, -1, head_dim)[0, start:end]  # [span, kv_heads, head_dim]
-            store[kind].append(per_head.transpose(0, 1).detach().float().cpu())  # activations live on the CPU
+            store[kind].append(per_head.transpose(0, 1).detach().float().cpu())
 
         return hook
 

@@ -274,8 +274,7 @@ class FrozenLM:
                 if not autocast:  # under autocast the matmul casts (a no-op for a bf16 prefix)
                     prefix_keys, prefix_values = prefix_keys.to(hidden.dtype), prefix_values.to(hidden.dtype)
             out = attend(q, k_rotated, v, prefix_keys, prefix_values, with_entry_bias(masks, prefix_bias), attn.scaling)
-            # the fp32 masks make `out` fp32 whatever the model's dtype; a 16-bit model's o_proj wants its own
-            hidden = hidden + linear(attn.o_proj, compute(out.to(hidden.dtype)))
+            hidden = hidden + linear(attn.o_proj, compute(out))
             x = compute(layer.post_attention_layernorm(hidden))
             mlp = layer.mlp
             if hasattr(mlp, "gate_proj"):  # gated MLP (all FAST_PATH_MODEL_TYPES)

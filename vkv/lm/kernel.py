@@ -50,7 +50,8 @@ def attend(
     scale: float,
 ) -> torch.Tensor:
     """Softmax attention of queries `[B, heads, n, D]` over a read-only prefix `[B, kv_heads, L, D]` and the
-    new keys/values `[B, kv_heads, n, D]`, with the additive masks of `attention_masks`; → `[B, n, heads * D]`.
+    new keys/values `[B, kv_heads, n, D]`, with the additive masks of `attention_masks`; → `[B, n, heads * D]` in the
+    values' dtype (the softmax's normaliser is fp32 whatever the model's dtype).
 
     Nothing the size of the prefix is copied: query heads are grouped under the KV head they share instead
     of repeating K/V, and the softmax over prefix ⊕ new is computed in two parts sharing one shift and one
@@ -76,7 +77,7 @@ def attend(
         prefix_weights = prefix_scores.sub_(shift.to(prefix_scores.dtype)).exp_()
         new_weights = new_scores.sub_(shift.to(new_scores.dtype)).exp_()
         total = prefix_weights.sum(-1, keepdim=True).float() + new_weights.sum(-1, keepdim=True).float()
-        out = (prefix_weights @ prefix_values + new_weights.to(v.dtype) @ v) / total
+        out = ((prefix_weights @ prefix_values + new_weights.to(v.dtype) @ v) / total).to(v.dtype)
     return out.view(batch, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4).reshape(batch, n, heads * dim)
 
 
