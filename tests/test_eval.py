@@ -310,6 +310,15 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
     assert torch.allclose(turn_work.attention_between(keys, queries), expected, atol=1e-5)
 
 
+def test_window_attention_runs_only_the_window_and_equals_the_full_forward(evaluation):
+    from vkv.lm.attention import attention_to_span
+
+    work = evaluation.work
+    keys, queries = (work.start, work.end - 5), (work.end - 5, work.end)
+    expected = attention_to_span(work.lm, work.ids[: work.end], keys, queries)
+    assert torch.allclose(work.attention_between(keys, queries), expected, atol=1e-5)
+
+
 def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
     assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--per-turn"]) == 2
     assert "method 'vkv' has no per-turn mode" in capsys.readouterr().err

@@ -52,6 +52,40 @@ def test_adaptive_budget_gives_spread_heads_more_and_keeps_the_layer_total():
         per_head_index(scores, 10, "greedy")
 
 
+def test_global_budget_is_one_threshold_over_every_layer_and_head():
+    g = torch.Generator().manual_seed(1)
+    scores = torch.rand(3, 2, 40, generator=g)
+    scores[1] += 1.0  # layer 1 outscores the others everywhere: a global threshold gives it more, AdaKV does not
+    index, real = per_head_index(scores, 8, "global")
+    counts = real.sum(-1)
+    assert int(counts.sum()) == 8 * 3 * 2 and (counts >= 1).all()
+    assert (counts[1] > counts[0]).all() and (counts[1] > counts[2]).all()
+    kept = torch.zeros_like(scores, dtype=torch.bool)
+    for layer in range(3):
+        for head in range(2):
+            own = index[layer, head, : counts[layer, head]]
+            assert torch.equal(own, own.sort().values) and len(own.unique()) == len(own)
+            kept[layer, head, own] = True
+    # apart from each head's one guaranteed entry, nothing dropped outscores anything kept
+    floor = torch.zeros_like(kept).scatter_(-1, scores.argmax(-1, keepdim=True), True)
+    assert scores[~kept].max() <= scores[kept & ~floor].min()
+    adaptive = per_head_index(scores, 8, "adaptive")[1].sum(-1)
+    assert adaptive.sum(-1).tolist() == [16, 16, 16]
+
+
+def test_kvzip_spends_its_budget_as_the_reference_does_and_keeps_the_ratio(evaluation):
+    kvzip = get_method("kvzip")
+    assert kvzip.head_budget == "global"
+    work = evaluation.work
+    segment = kvzip.compress(work, 3.2)
+    real = torch.isfinite(segment.bias) if segment.bias is not None else torch.ones(segment.keys.shape[:3], dtype=bool)
+    per_layer = real.sum(dim=(1, 2))
+    assert int(real.sum()) == work.budget(3.2) * real.shape[0] * real.shape[1]
+    scores = kvzip.score(work, work.budget(3.2))
+    assert torch.equal(real.sum(-1), per_head_index(scores, work.budget(3.2), "global")[1].sum(-1))
+    assert len(per_layer.unique()) > 1  # layers differ, unlike every per-layer split
+
+
 @pytest.fixture(scope="module")
 def evaluation(tiny_llama):
     return TranscriptEval(
@@ -141,8 +175,8 @@ def test_eval_takes_head_budget_and_method_options_from_the_cli(mini_transcript_
     assert result["config"]["head_budget"] == "adaptive" and result["config"]["mass"] == "nearest"
     assert main([*argv, "--selection", "omp"]) == 2
     assert "--selection: none of the methods knorm has it (am do)" in capsys.readouterr().err
-    assert main([*argv, "--num-queries", "many"]) == 2
-    assert "argument --num-queries: expected int, got 'many'" in capsys.readouterr().err
+    assert main([*argv, "--max-queries", "many"]) == 2
+    assert "argument --max-queries: expected int, got 'many'" in capsys.readouterr().err
 
 
 def test_masking_per_head_keeps_each_heads_share_and_its_total_weight():

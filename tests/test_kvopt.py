@@ -125,7 +125,7 @@ def test_padding_stays_masked_and_the_budget_is_kvzips(evaluation, segments):
     for key in (("keep", 100), ("fit", 100)):
         segment = segments[key]
         padding = segment.bias.isneginf()
-        assert torch.equal(padding, kvzip.bias.isneginf()) and bool(padding.any())  # AdaKV's split pads some heads
+        assert torch.equal(padding, kvzip.bias.isneginf()) and bool(padding.any())  # the global split pads some heads
         assert segment.bias[~padding].isfinite().all()
         assert segment.entries == kvzip.entries and segment.real_entries == pytest.approx(kvzip.real_entries)
         assert segment.real_entries == pytest.approx(work.budget(3.0))

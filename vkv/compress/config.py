@@ -52,17 +52,17 @@ class CompressConfig(Config):
         "the virtual tokens the attention mass they gave the span (am's non-negative least squares, started from "
         "the proportional-attention bias)",
     )
-    head_budget: str = head_budget_setting()  # with uniform or adaptive, `oversample` × the budget's virtual tokens
+    head_budget: str = head_budget_setting()  # per head (not shared), `oversample` × the budget's virtual tokens
     oversample: float = setting(
         3.0,
-        "with head_budget uniform or adaptive (unused with shared): virtual tokens optimised per entry of the budget, "
+        "with a per-head head_budget (unused with shared): virtual tokens optimised per entry of the budget, "
         "of which each KV head attends to its share of the budget, those the span's own queries attend to most",
         minimum=1,
         above=True,  # each head must have more virtual tokens to choose from than it keeps
     )
     share_scores: str = setting(
         "reconstruction",
-        "with head_budget uniform or adaptive: how each KV head ranks the virtual tokens for its share. readout: the "
+        "with a per-head head_budget: how each KV head ranks the virtual tokens for its share. readout: the "
         "mean attention the span's own queries give them; reconstruction: the most KVzip importance (the "
         "reconstruction pass's attention, kvzip's scores) any token of their block receives in that head",
         SHARE_SCORES,
@@ -107,7 +107,7 @@ class CompressConfig(Config):
             if not self.needs_reconstruction:
                 raise VkvError(
                     "field verbatim_share: each head's verbatim entries are chosen by the reconstruction pass; it needs "
-                    "head_budget uniform or adaptive and share_scores reconstruction"
+                    "a per-head head_budget (uniform, adaptive or global) and share_scores reconstruction"
                 )
             if self.fit_bias or self.distill.steps:
                 raise VkvError(

@@ -2,9 +2,14 @@
 
 - `shared`: every head keeps the same tokens, those with the best mean score;
 - `uniform`: each head keeps its own `budget` best entries;
-- `adaptive` (AdaKV, Feng et al. 2024): a layer's `budget × heads` entries go to the best scores across all its
-  heads, after a safeguard share of the uniform budget per head, so heads whose attention is concentrated give
-  entries to heads where it is spread.
+- `adaptive` (AdaKV, Feng et al. 2024), within each layer: a layer's `budget × heads` entries go to the best scores
+  across all its heads, after a safeguard share of the uniform budget per head, so heads whose attention is
+  concentrated give entries to heads where it is spread; every layer keeps the same total;
+- `global` (KVzip's allocation, Kim et al. 2025, as kvpress's KVzipPress runs it): the span's `budget × layers ×
+  heads` entries go to the best scores over every layer and KV head at once, one threshold, so layers differ too.
+  It needs scores comparable across layers (attention probabilities are). No safeguard, as in the reference, but one
+  entry per head: a head that keeps nothing of the span cannot be stored (kv/file.py), and one entry a head is a
+  negligible share of any budget.
 
 Heads then keep different numbers of entries, but a cache holds the same number per head: a head's unused slots
 are padding, masked out of attention by a bias of −inf (`real` says which slots hold entries).
@@ -19,7 +24,7 @@ import torch
 from vkv.kv.segment import MASKED, SeparableBias
 from vkv.settings import setting
 
-HEAD_BUDGETS = ("shared", "uniform", "adaptive")
+HEAD_BUDGETS = ("shared", "uniform", "adaptive", "global")
 ADAKV_SAFEGUARD = 0.2  # AdaKV's α: every head keeps at least this share of the uniform budget
 
 
@@ -30,16 +35,18 @@ def head_budget_setting(default: str = "adaptive") -> Any:
     declares its own."""
     return setting(
         default,
-        "how each layer's entries are split over its KV heads: shared (the same entries in every head), uniform (each "
-        "head its own best, the same count), adaptive (AdaKV: heads whose attention is spread get more)",
+        "how the span's entries are split over layers and KV heads: shared (the same entries in every head), uniform "
+        "(each head its own best, the same count), adaptive (AdaKV within each layer: heads whose attention is spread "
+        "get more, every layer the same total), global (KVzip's: one threshold over every layer and head)",
         HEAD_BUDGETS,
     )
 
 
 def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Entries each head keeps for `scores` `[layers, heads, n]` (higher is better) → (`index` `[layers, heads, t]`
-    ascending span-relative indices, `real` `[layers, heads, t]` bool). Every layer keeps `budget × heads` real
-    entries; padding slots repeat the head's first entry."""
+    ascending span-relative indices, `real` `[layers, heads, t]` bool). `budget` is the mean per head: every layer
+    keeps `budget × heads` real entries, or with `global` the span `budget × layers × heads`; padding slots repeat
+    the head's first entry."""
     layers, heads, n = scores.shape
     if not 1 <= budget <= n:
         raise ValueError(f"cannot keep {budget} of {n} entries per head")
@@ -49,14 +56,16 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.
     if rule == "uniform":
         index = scores.topk(budget, dim=-1).indices.sort(-1).values
         return index, torch.ones_like(index, dtype=torch.bool)
-    if rule != "adaptive":
+    if rule not in ("adaptive", "global"):
         raise ValueError(f"unknown head budget '{rule}'; choose one of {', '.join(HEAD_BUDGETS)}")
     kept = torch.zeros(layers, heads, n, dtype=torch.bool)
-    floor = max(1, int(ADAKV_SAFEGUARD * budget))  # at least one: a head with no entry could not read the span
+    # the floor every head keeps first: AdaKV's safeguard within a layer; one entry a head for the global threshold
+    floor = 1 if rule == "global" else max(1, int(ADAKV_SAFEGUARD * budget))
     kept.scatter_(-1, scores.topk(floor, dim=-1).indices, True)
-    rest = scores.masked_fill(kept, float("-inf")).reshape(layers, heads * n)
-    chosen = rest.topk(heads * (budget - floor), dim=-1).indices
-    kept.view(layers, heads * n).scatter_(-1, chosen, True)
+    pool = (layers, heads * n) if rule == "adaptive" else (1, layers * heads * n)  # who competes for the rest
+    rest = scores.masked_fill(kept, float("-inf")).reshape(pool)
+    chosen = rest.topk(pool[1] // n * (budget - floor), dim=-1).indices
+    kept.view(pool).scatter_(-1, chosen, True)
     counts = kept.sum(-1)  # [layers, heads]
     # Kept entries first (ascending), then the rest: the first `count` columns of each row are its entries.
     order = torch.where(kept, torch.arange(n), n + torch.arange(n)).argsort(-1)[..., : int(counts.max())]

@@ -53,9 +53,9 @@ def head_hybrid_bias(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
     (blocks over the whole span), −inf where a head does not reach the entry. `token_scores` `[layers, heads, n]` is
-    the reconstruction pass's importance of the span's tokens; each layer keeps `split.verbatim` own entries and
-    `split.virtual` virtual tokens per head (`rule`: uniform or adaptive, compress/head_budget.py). A reached own entry
-    has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
+    the reconstruction pass's importance of the span's tokens; each head keeps `split.verbatim` own entries and
+    `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global, compress/head_budget.py). A
+    reached own entry has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
     proportional attention, else 0, plus `offset`."""
     layers, heads, n = token_scores.shape
     verbatim = torch.zeros(layers, heads, n, dtype=torch.bool)

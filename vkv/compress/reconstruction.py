@@ -24,10 +24,13 @@ from vkv.lm.frozen import FrozenLM
 from vkv.settings import setting
 
 REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
+TEMPLATE_REQUEST = "\n\nRepeat the previous context exactly."  # closed by the chat template's assistant header
 REPEAT_PART_REQUEST = "\n\nRepeat the part of the previous context exactly, starting with"
 QUOTED_TOKENS = 8  # the previous chunk's last tokens that the request for the next chunk quotes (KVzip's count)
 MIN_CHUNK = 64  # a read-out shorter than this spends more tokens on its request than on the span
 DEFAULT_CHUNK = 2048  # KVzip's chunk length
+SINKS = 4  # KVzip's attention sinks: the sequence's first entries, in every chunk's softmax
+NORMALISATIONS = ("context", "chunk")
 
 
 def chunk_setting():
@@ -37,6 +40,18 @@ def chunk_setting():
         "the reconstruction pass reads the span out in chunks of at most this many tokens, each after the whole "
         "span; where the model's positions leave less room after the span, chunks are shorter",
         minimum=MIN_CHUNK,
+    )
+
+
+def normalisation_setting():
+    """How the pass's scores are normalised, declared once (kvzip's option)."""
+    return setting(
+        "context",
+        "the softmax that scores entries in the reconstruction pass: context, over every entry a read-out query "
+        "sees (the model's own attention, one request closing the span); chunk, as KVzip's reference code does: over "
+        "the sequence's first 4 entries, the chunk's own slice of the span and the read-out, the request's queries "
+        "counted and the request closed by the chat template's assistant header",
+        NORMALISATIONS,
     )
 
 
@@ -50,43 +65,49 @@ class ReconstructionPass:
     scores: torch.Tensor | None  # [layers, kv_heads, n] KVzip's importance of each span entry (when asked for)
 
     @classmethod
-    def run(cls, work, chunk: int, score: bool = False) -> ReconstructionPass:
+    def run(cls, work, chunk: int, score: bool = False, normalise: str = "context") -> ReconstructionPass:
         """The pass for a method's work: its span after `work.prefix_cache()`, with the span's own K/V."""
         span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
-        return cls.run_on(
-            work.lm, work.ids[work.start : work.end], work.start, work.prefix_cache(), span_kv, chunk, score
-        )
+        span = work.ids[work.start : work.end]
+        return cls.run_on(work.lm, span, work.start, work.prefix_cache(), span_kv, chunk, score, normalise)
 
     @classmethod
     def run_on(
-        cls, lm: FrozenLM, span: list[int], start: int, context_cache, span_kv, chunk: int, score: bool = False
+        cls,
+        lm: FrozenLM,
+        span: list[int],
+        start: int,
+        context_cache,
+        span_kv,
+        chunk: int,
+        score: bool = False,
+        normalise: str = "context",
     ) -> ReconstructionPass:
         """Feed each chunk's request and the chunk on top of `context_cache` (a SplicedCache of everything before the
         span, extended here) and the span's own K/V `span_kv` (a KVPrefix of the span's tokens, from `start`);
-        record the read-out's queries and, with `score`, each entry's largest attention from any of them."""
+        record the read-out's queries and, with `score`, each entry's largest attention from any of them
+        (`normalise`: NORMALISATIONS, see `normalisation_setting`)."""
         span = list(span)
-        request = lm.tokenizer(REPEAT_REQUEST, add_special_tokens=False)["input_ids"]
-        part = lm.tokenizer(REPEAT_PART_REQUEST, add_special_tokens=False)["input_ids"]
-        size = read_out_chunk(
-            lm, context_cache.next_position, len(span), len(request), len(part) + QUOTED_TOKENS, chunk
-        )
+        feeds = read_out_feeds(lm, span, context_cache.next_position, chunk, template=normalise == "chunk")
         context_cache.append(verbatim_segment(span_kv, start))
         context = Context(lm, context_cache)  # the span is its last dense entries, as the model computed them
-        queries, positions, scores = [], [], None
-        for lo in range(0, len(span), size):
-            piece = span[lo : lo + size]
-            fed = (request if lo == 0 else part + span[max(0, lo - QUOTED_TOKENS) : lo]) + piece
-            first = len(fed) - len(piece)  # where the piece starts among the fed tokens
-            at = torch.arange(len(piece)).float() + context.position + first
-            with projection_hooks(lm, first, first + len(piece), queries=True) as store:
+        queries, positions, scores, lo = [], [], None, 0
+        for fed, first in feeds:
+            piece = len(fed) - first  # the span's tokens [lo, lo + piece) are fed from row `first` on
+            at = torch.arange(len(fed)).float() + context.position
+            with projection_hooks(lm, 0, len(fed), queries=True) as store:
                 context.feed(fed)
-            q = torch.stack(store["queries_pre_rope"])
+            q = torch.stack(store["queries_pre_rope"])  # [layers, heads, fed, head_dim]
+            if score and normalise == "chunk":
+                s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
+            elif score:
+                s = chunk_scores(lm, context, q[:, :, first:], at[first:], torch.arange(first, len(fed)), len(span))
             if score:
-                s = chunk_scores(lm, context, q, at, torch.arange(first, len(fed)), len(span))
                 scores = s if scores is None else torch.maximum(scores, s)
-            queries.append(q)
-            positions.append(at)
+            queries.append(q[:, :, first:])
+            positions.append(at[first:])
             context.rewind(0)
+            lo += piece
         return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
     def reference_queries(self, lm: FrozenLM, count: int) -> torch.Tensor:
@@ -103,10 +124,13 @@ class ReconstructionPass:
         return torch.stack(out)
 
 
-def reconstruction_scores(work, chunk: int = DEFAULT_CHUNK) -> torch.Tensor:
-    """KVzip's importance of each of the work's span entries `[layers, kv_heads, n]`, computed once per work and chunk
-    (runs at several ratios, and every method that ranks by it, share the pass)."""
-    return work.reuse(("reconstruction scores", chunk), lambda: ReconstructionPass.run(work, chunk, score=True).scores)
+def reconstruction_scores(work, chunk: int = DEFAULT_CHUNK, normalise: str = "context") -> torch.Tensor:
+    """KVzip's importance of each of the work's span entries `[layers, kv_heads, n]`, computed once per work, chunk
+    and normalisation (runs at several ratios, and every method that ranks by it, share the pass)."""
+    return work.reuse(
+        ("reconstruction scores", chunk, normalise),
+        lambda: ReconstructionPass.run(work, chunk, score=True, normalise=normalise).scores,
+    )
 
 
 def read_out_chunk(lm: FrozenLM, after: int, span: int, request: int, later_request: int, chunk: int) -> int:
@@ -130,12 +154,20 @@ def read_out_chunk(lm: FrozenLM, after: int, span: int, request: int, later_requ
 
 
 def chunk_scores(
-    lm: FrozenLM, context: Context, queries: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor, span: int
+    lm: FrozenLM,
+    context: Context,
+    queries: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor,
+    span: int,
+    own: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """The largest attention each of the span's entries `[layers, kv_heads, span]` (the last `span` entries the
     context was built with) receives from one chunk's read-out queries (`[layers, heads, c, head_dim]` pre-RoPE at
     `positions`, at fed rows `rows`), over any query head sharing its KV head (softmax over every entry that query
-    sees, the context's entry biases included)."""
+    sees, the context's entry biases included). With `own` = the chunk's slice [lo, hi) of the span, KVzip's
+    reference normalisation: the softmax covers only the context's first SINKS entries, that slice and the fed
+    rows, and only that slice is scored (the rest of the span gets 0)."""
     group = lm.spec.num_heads // lm.spec.num_kv_heads
     out = []
     for layer, cache_layer in enumerate(context.cache.layers):
@@ -145,7 +177,45 @@ def chunk_scores(
         k = keys[0].float().repeat_interleave(group, dim=0)  # [H, N, D]
         scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
         scores += bias[0].to(scores.device).repeat_interleave(group, dim=0)[:, None]
-        visible = torch.arange(k.shape[1], device=scores.device)[None, :] <= (rows.to(scores.device) + built)[:, None]
+        column = torch.arange(k.shape[1], device=scores.device)
+        visible = column[None, :] <= (rows.to(scores.device) + built)[:, None]
+        if own is not None:
+            lo, hi = built - span + own[0], built - span + own[1]
+            kept = (column < min(SINKS, built - span + own[0])) | ((column >= lo) & (column < hi)) | (column >= built)
+            visible &= kept[None, :]
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, built - span : built]
+        if own is not None:
+            probs = probs * ((column[:span] >= own[0]) & (column[:span] < own[1]))
         out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
     return torch.stack(out).cpu()
+
+
+def read_out_feeds(
+    lm: FrozenLM, span: list[int], start: int, chunk: int, template: bool = False
+) -> list[tuple[list[int], int]]:
+    """The token sequences `ReconstructionPass.run_on` feeds after a span of tokens `span` that starts at position
+    `start` (each fed from position start + len(span) on), with where its piece of the span starts among them. With
+    `template`, each request is closed by the chat template's assistant header, as KVzip's reference code does."""
+    encode = lm.tokenizer.encode
+    suffix = encode(assistant_header(lm.tokenizer), add_special_tokens=False) if template else []
+    request = encode(TEMPLATE_REQUEST if template else REPEAT_REQUEST, add_special_tokens=False) + suffix
+    part = encode(REPEAT_PART_REQUEST, add_special_tokens=False)
+    size = read_out_chunk(lm, start, len(span), len(request), len(part) + QUOTED_TOKENS + len(suffix), chunk)
+    feeds = []
+    for lo in range(0, len(span), size):
+        piece = span[lo : lo + size]
+        fed = (request if lo == 0 else part + span[max(0, lo - QUOTED_TOKENS) : lo] + suffix) + piece
+        feeds.append((fed, len(fed) - len(piece)))
+    return feeds
+
+
+def assistant_header(tokenizer) -> str:
+    """What the chat template puts between a user message's content and the assistant's answer ("\n" without a
+    template): how KVzip's reference closes its repeat request."""
+    if not getattr(tokenizer, "chat_template", None):
+        return "\n"
+    marker = "\n" + "#" * 13
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "dummy context" + marker}], add_generation_prompt=True, tokenize=False
+    )
+    return text.split(marker, 1)[1]

@@ -46,7 +46,7 @@ class KVOpt(PerTurnMethod):
         1e-2, "Adam's learning rate for kvopt's free keys, values and biases", minimum=0, above=True
     )
     ridge: float = setting(1e-2, "pulls refitted values toward the kept entries' own (start fit)", minimum=0)
-    head_budget: str = head_budget_setting()
+    head_budget: str = head_budget_setting("global")  # KVzip's choice of entries, as kvzip spends it
     chunk: int = chunk_setting()
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:

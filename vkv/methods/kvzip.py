@@ -1,5 +1,8 @@
 """KVzip (Kim et al. 2025), question-free: an entry's importance is the most attention it receives while the model
-reads the span out again after "repeat the previous context"; the best ones are kept, by default per KV head."""
+reads the span out again after "repeat the previous context"; the best ones are kept under one threshold over every
+layer and KV head, as the paper and kvpress's KVzipPress allocate (`head_budget` global; adaptive is AdaKV's split
+within each layer, every layer the same total). Its scores differ from the reference code's in how the pass is
+normalised (`normalise`: context by default; chunk is the reference's, see compress/reconstruction.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
+from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.reconstruction import chunk_setting, normalisation_setting, reconstruction_scores
 from vkv.methods.eviction import ScorerMethod
 from vkv.methods.work import SpanWork
 
@@ -15,7 +19,9 @@ from vkv.methods.work import SpanWork
 @dataclass
 class KVzip(ScorerMethod):
     name = "kvzip"
+    head_budget: str = head_budget_setting("global")
     chunk: int = chunk_setting()
+    normalise: str = normalisation_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
-        return reconstruction_scores(work, self.chunk)  # [layers, kv_heads, n]
+        return reconstruction_scores(work, self.chunk, self.normalise)  # [layers, kv_heads, n]

@@ -16,8 +16,9 @@ from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import MASKED, Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
-from vkv.lm.attention import attention_to_span, attention_weights
+from vkv.lm.attention import attention_weights, query_hooks
 from vkv.lm.capture import Activations
+from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 
 
@@ -128,8 +129,20 @@ class SpanWork:
 
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
         """Attention `[layers, kv_heads, key_len]` from the tokens in query_range to those in key_range (absolute
-        positions inside the span), as the model computes it for this work's context."""
-        return attention_to_span(self.lm, self.ids[: self.end], key_range, query_range)
+        positions inside the span), as the model computes it for this work's context. Only the query tokens are run
+        again, on top of the cached K/V before them (their queries were not kept), not the whole context."""
+        (ks, ke), (qs, qe) = key_range, query_range
+        if not (self.kv_start <= ks < ke <= qe and self.kv_start <= qs < qe <= self.end):
+            raise VkvError(f"attention from tokens [{qs}, {qe}) to [{ks}, {ke}) is not a valid causal range")
+        cache = SplicedCache()
+        if qs > self.kv_start:
+            cache.append(verbatim_segment(self.kv.slice(0, qs - self.kv_start), self.kv_start))
+        with query_hooks(self.lm, 0, qe - qs) as queries:
+            Context(self.lm, cache).feed(self.ids[qs:qe])
+        keys = [k[0] for k in self.kv.slice(0, qe - self.kv_start).keys]
+        positions = torch.arange(self.kv_start, qe).float()
+        weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions)
+        return weights[:, :, ks - self.kv_start : ke - self.kv_start]
 
 
 @dataclass
