@@ -90,3 +90,16 @@ def test_slash_commands_are_never_sent_to_the_model(smol, monkeypatch, capsys, t
 def test_chat_refuses_bad_numbers_before_loading_a_model(capsys, flag, value):
     assert main(["chat", str(FIXTURES / "mini-agent.json"), "--model", "no-such-model", flag, value]) == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_undo_and_retry_take_back_the_last_exchange(smol, monkeypatch, capsys, tmp_path):
+    saved = tmp_path / "chat.safetensors"
+    lines = ["Which library hashes passwords?", "/retry", "Which test runner is used?", "/undo", f"/save {saved}"]
+    code, out, err = _chat(monkeypatch, capsys, lines, FIXTURES / "mini-agent.json")
+    assert code == 0 and "Traceback" not in err
+    assert "forgot the last exchange" in "\n".join(out) and out[-1] == f"saved {saved}"
+    session = Session.load(saved, smol)
+    added = session.messages[8:]  # after the transcript's 8 messages: the retried exchange, once
+    assert [(m.role, m.content) for m in added][0] == ("user", "Which library hashes passwords?")
+    assert [m.role for m in added] == ["user", "assistant"]

@@ -94,3 +94,17 @@ def test_lamr_commands_build_a_corpus_and_prune_needs_a_checkpoint(tmp_path, tes
     target = source / "m0.py"
     assert main(["prune", str(target), "--backend", "lamr", "--query", "what does f0_1 return?"]) == 2
     assert "--checkpoint is required" in capsys.readouterr().err
+
+
+def test_no_model_on_a_machine_without_a_gpu_is_refused_naming_the_small_model(monkeypatch, capsys):
+    from tests.conftest import FIXTURES
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("vkv.lm.load.load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    transcript = str(FIXTURES / "mini-agent.json")
+    for argv in (["eval", transcript], ["compress", transcript, "--out", "c.safetensors"], ["chat", transcript]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) <= 2  # one sentence (wrapped at most once on the console's width)
+        err = " ".join(err.split())
+        assert "--model smollm2-135m" in err and "needs a GPU" in err and "Traceback" not in err

@@ -227,3 +227,69 @@ def test_distance_buckets_reach_past_four_thousand_tokens():
         "≥4096",
         "≥4096",
     ]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures `vkv report` saves, by file name (kept open for inspection)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    saved, original = {}, Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        saved[str(path).rsplit("/", 1)[-1]] = fig
+        return original(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved
+
+
+def _texts(fig) -> str:
+    legends = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    legends += [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    return "\n".join(
+        [*legends, *(t.get_text() for t in fig.texts), *(t.get_text() for ax in fig.axes for t in ax.texts)]
+    )
+
+
+def test_plots_tick_the_measured_ratios_label_axes_and_name_their_intervals(sweep_dir, figures):
+    assert run_report(sweep_dir) == 0
+    quality = figures["quality_vs_ratio.png"]
+    achieved = sorted({r["ratio_achieved"] for r in rows(load(sweep_dir)) if r["method"] not in ("full", "none")})
+    ratio_axes = [ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel()]
+    assert ratio_axes and all(ax.get_ylabel() for ax in quality.axes)
+    for ax in ratio_axes:  # a tick at every ratio measured (these are far apart), none elsewhere, each labelled
+        assert list(ax.get_xticks()) == pytest.approx(achieved)
+        assert [t.get_text() for t in ax.get_xticklabels()] == [f"{x:g}×" for x in achieved]
+    text = _texts(quality)
+    assert "95 % window-bootstrap intervals" in text and "fewer than 10 windows" in text  # one window each here
+    for variant in ("vkv pooling=uniform", "vkv pooling=surprisal", "truncate"):
+        assert variant in text
+    distance = figures["retention_vs_distance.png"]
+    text = _texts(distance)
+    assert "95 % window-bootstrap intervals" in text
+    drawn = {r["variant"] for r in rows(load(sweep_dir)) if r["method"] not in ("full", "none")}
+    assert all(variant in text for variant in drawn)  # drawn in some panel, or named as not drawn there
+
+
+def test_the_question_heatmap_of_yes_no_data_has_two_colours_and_no_colour_bar(sweep_dir, figures):
+    assert run_report(sweep_dir) == 0
+    heatmap = figures["question_heatmap.png"]
+    assert len(heatmap.axes) == 1  # no continuous colour bar
+    (image,) = heatmap.axes[0].get_images()
+    assert image.get_cmap().N == 2 and "passes" in _texts(heatmap)
+
+
+def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
+    for results in sweep_dir.glob("results*.jsonl"):  # CPU runs: the sweep process's peak RSS
+        text = results.read_text().replace(
+            '"peak_memory_mb"', '"peak_memory_kind": "process-max-rss", "peak_memory_mb"'
+        )
+        results.write_text(text)
+    assert run_report(sweep_dir) == 0
+    md = (sweep_dir / "report" / "report.md").read_text()
+    assert "**Caveat: these intervals rest on fewer than 10 windows" in md and "(1 window)" in md
+    assert "| ≤900 |" in md  # CPU peaks are the process's, marked as a bound

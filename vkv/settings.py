@@ -125,20 +125,31 @@ def range_problem(value: Any, minimum: float | None, above: bool = False) -> str
 def bounded(kind: type, minimum: float | None, above: bool = False) -> Callable[[str], Any]:
     """An argparse type: `kind` parsed from the flag's text and held to the range, so the command line refuses it in
     one line before anything is loaded."""
-    if minimum is None:
-        return kind
+    return kind if minimum is None else Bounded(kind, minimum, above)
 
-    def parse(text: str) -> Any:
+
+@dataclass(frozen=True)
+class Bounded:
+    """`bounded`'s argparse type; a dataclass of plain values, so the command line's cached parser (vkv.cli.cached)
+    can write it down and build it again without importing the configs that declared it."""
+
+    kind: type
+    minimum: float
+    above: bool = False
+
+    @property
+    def __name__(self) -> str:  # argparse names the type in "invalid <type> value"
+        return self.kind.__name__
+
+    def __call__(self, text: str) -> Any:
         try:
-            value = kind(text)
+            value = self.kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        problem = range_problem(value, minimum, above)
+            raise argparse.ArgumentTypeError(f"expected {self.kind.__name__}, got {text!r}") from None
+        problem = range_problem(value, self.minimum, self.above)
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
-
-    return parse
 
 
 def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
@@ -291,18 +302,31 @@ def _element_type(s: Setting) -> type:
 
 
 def _comma_list(s: Setting) -> Callable[[str], tuple]:
-    element = _element_type(s)
+    return CommaList(s.flag, _element_type(s), s.minimum, s.above)
 
-    def parse(text: str) -> tuple:
+
+@dataclass(frozen=True)
+class CommaList:
+    """The argparse type of a tuple setting's flag: comma-separated `element`s, each held to the setting's range (plain
+    values, like `Bounded`)."""
+
+    flag: str
+    element: type
+    minimum: float | None = None
+    above: bool = False
+
+    @property
+    def __name__(self) -> str:
+        return f"comma-separated {self.element.__name__}s"
+
+    def __call__(self, text: str) -> tuple:
         try:
-            values = tuple(element(x.strip()) for x in text.split(",") if x.strip())
+            values = tuple(self.element(x.strip()) for x in text.split(",") if x.strip())
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"{s.flag}: expected comma-separated {element.__name__}s, got {text!r}"
+                f"{self.flag}: expected comma-separated {self.element.__name__}s, got {text!r}"
             ) from None
-        problem = out_of_range(s, values)
+        problem = range_problem(values, self.minimum, self.above)
         if problem:
-            raise argparse.ArgumentTypeError(f"{s.flag}: {problem}")
+            raise argparse.ArgumentTypeError(f"{self.flag}: {problem}")
         return values
-
-    return parse

@@ -4,8 +4,10 @@ people, `--json FILE` for machines, one-sentence errors.
 Every flag is a field of a config dataclass (vkv.settings: `add_arguments` makes the flags, `from_args` builds the
 config back); only positional arguments (files) are hand-written. This package is the only code that sees an
 `argparse.Namespace`: a command's `cmd_*` function builds its config and hands it, with plain values, to the library.
-Building the parser reads every config and method registry, which imports torch and transformers anyway, so command
-modules import what they use at the top like the rest of the package."""
+Building the parser reads every config and method registry, which imports torch and transformers, so `main` uses the
+parser's cached description (vkv.cli.cached) and imports a command's module only when the command runs: `vkv --help`,
+`vkv eval --help` and argument errors take a fraction of a second. Command modules import what they use at the top;
+this module and vkv.cli.cached import nothing heavy."""
 
 from __future__ import annotations
 
@@ -13,19 +15,29 @@ import argparse
 import json
 import os
 import sys
+from importlib import import_module
 
 from rich.markup import escape
 
-from vkv.cli import ask, chat, compress, inspect, models, prune, render, sweep, tools, validate
-from vkv.cli import eval as eval_command
-from vkv.cli.common import errors
-from vkv.cli.compress import recipe_from_args
+from vkv.cli.cached import cached_parser
+from vkv.cli.consoles import errors
 from vkv.errors import VkvError
 from vkv.io import check_writable
-from vkv.lm.load import DEFAULT_MODEL, resolve_model_path
 
-COMMAND_MODULES = (models, tools, render, compress, inspect, ask, chat, eval_command, validate, sweep, prune)
-MODEL_OPTIONAL = ("ask", "chat", "validate")  # these default --model to what the cache or transcripts record
+COMMAND_MODULES = (
+    "models",
+    "tools",
+    "render",
+    "compress",
+    "inspect",
+    "ask",
+    "chat",
+    "eval",
+    "validate",
+    "sweep",
+    "prune",
+)
+TOKENIZER_ONLY = ("render",)  # these load the default model's tokenizer, not its weights, when --model is not given
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,20 +47,24 @@ def build_parser() -> argparse.ArgumentParser:
         "text-level and KV-cache methods on the same factual-recall eval.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in COMMAND_MODULES:
-        module.register(sub)
+    for name in COMMAND_MODULES:
+        import_module(f"vkv.cli.{name}").register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        args = cached_parser(build_parser).parse_args(argv)
     except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned
         return exit_.code if isinstance(exit_.code, int) else 2
-    if getattr(args, "model", "unset") is None and args.command not in MODEL_OPTIONAL:
-        args.model = DEFAULT_MODEL
     try:
+        if getattr(args, "model", "unset") is None and args.command in TOKENIZER_ONLY:
+            from vkv.lm.load import DEFAULT_MODEL
+
+            args.model = DEFAULT_MODEL  # others load vkv's default model where it can run (vkv.cli.common)
         if isinstance(getattr(args, "model", None), str):  # a misspelled alias fails now, not after loading anything
+            from vkv.lm.load import resolve_model_path
+
             resolve_model_path(args.model)
         for name in getattr(args, "outputs", ()):  # files the command will write: refused now, not after the work
             if getattr(args, name, None):
@@ -79,6 +95,14 @@ def one_sentence(exc: BaseException) -> str | None:
     if type(exc).__name__ == "SafetensorError":
         return f"not a readable safetensors file: {str(exc).splitlines()[0] if str(exc) else 'corrupt'}"
     return None
+
+
+def __getattr__(name: str):
+    if name == "recipe_from_args":  # imported on first use: it needs the recipe's configs, and so torch
+        from vkv.cli.compress import recipe_from_args
+
+        return recipe_from_args
+    raise AttributeError(f"module 'vkv.cli' has no attribute {name!r}")
 
 
 __all__ = ["build_parser", "recipe_from_args", "main"]

@@ -2,8 +2,9 @@
 a pipe.
 
 Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
-compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session.
-From a pipe (`echo question | vkv chat ...`) every line is a question and only the answers are printed.
+compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session,
+`/undo` and `/retry` take back the last exchange. From a pipe (`echo question | vkv chat ...`) every line is a
+question and only the answers are printed. The conversation itself (reading, answering, leaving) is vkv.cli.chat_loop.
 
 The source file is the positional argument (hand-written: it is not a setting); the flags are the fields of
 `ChatConfig` and the compression recipe's (`add_compress_args`, vkv.cli.compress).
@@ -17,30 +18,27 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import TextStreamer
-
+from vkv.cli.chat_loop import Chat
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
 from vkv.cli.compress import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO
 from vkv.compress.session import Session, message_dict
 from vkv.errors import VkvError
-from vkv.io import check_writable
 from vkv.kv.file import read_header
 from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript
 
-COMMANDS = {  # what a line starting with / does (it is never sent to the model)
-    "/save FILE": "write the session to FILE (its directory must exist)",
-    "/help": "list these commands",
-    "/quit": "end the chat (also /exit, or end of input)",
-}
-
 
 @dataclass
 class ChatConfig:
     model: ModelConfig = nested(ModelConfig)
-    temperature: float = setting(0.0, "0: greedy; above 0: sampling at this temperature", minimum=0)
+    temperature: float = setting(
+        0.0,
+        "0: greedy; above 0: sampling at this temperature (either way an answer that starts to repeat itself is stopped "
+        "and kept up to the loop)",
+        minimum=0,
+    )
     max_new_tokens: int = setting(256, "longest answer, in tokens", minimum=1)
     compress_every: int = setting(
         0, "compress the verbatim messages once this many have accumulated (0: never)", minimum=0
@@ -84,53 +82,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         console.print(
             f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
         )
-    uncompressed = 0
-    while True:
-        line = console.input("[bold]you>[/] ") if interactive else sys.stdin.readline()
-        if not line:  # end of input
-            break
-        question = line.strip()
-        if not question:
-            continue
-        if question.startswith("/"):
-            if slash_command(session, question):
-                break
-            continue
-        streamer = TextStreamer(lm.tokenizer, skip_prompt=True, skip_special_tokens=True) if interactive else None
-        answer = session.reply(question, streamer=streamer, **sampling)
-        if not interactive:
-            print(answer, flush=True)
-        uncompressed += 2
-        if config.compress_every and uncompressed >= config.compress_every:
-            session.compress(ratio=config.ratio)
-            uncompressed = 0
-    return 0
-
-
-def slash_command(session, line: str) -> bool:
-    """Carry out a /command (True: end the chat); an unknown one is refused, never sent to the model."""
-    command, _, rest = line.partition(" ")
-    if command in ("/quit", "/exit"):
-        return True
-    if command == "/help":
-        for usage, what in COMMANDS.items():
-            console.print(f"{usage}: {what}")
-    elif command == "/save":
-        target = rest.strip()
-        if not target:
-            console.print("usage: /save FILE")
-        elif not session.per_message:
-            console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
-        else:
-            try:
-                check_writable(target, "/save")
-                session.save(target)
-                console.print(f"saved {target}")
-            except VkvError as exc:
-                console.print(f"[red]not saved:[/] {exc}")
-    else:
-        console.print(f"unknown command {command}; /help lists them (a message starting with / is not sent)")
-    return False
+    return Chat(session, sampling, interactive, config.compress_every, config.ratio).run()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
-from transformers import AutoTokenizer
 
+from vkv.cli.consoles import console
+from vkv.cli.consoles import errors as errors  # re-exported: command modules take both consoles from here
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
-from vkv.lm.load import DEFAULT_MODEL, QUANTS, load_model, resolve_model_path
+from vkv.progress import status
 from vkv.settings import setting
 from vkv.text.transcript import load_transcript
 from vkv.text.windows import window_transcript
-
-# Piped output (logs, CI) gets wide tables instead of rich's 80-column default.
-console = Console() if sys.stdout.isatty() else Console(width=160)
-errors = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)  # keeps stdout parseable
 
 
 def recorded_transcript(cache_path, header: dict, override: str | None = None):
@@ -41,6 +36,7 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
 
 
 def _quants() -> tuple[str, ...]:
+    from vkv.lm.load import QUANTS
 
     return QUANTS
 
@@ -60,9 +56,11 @@ class ModelConfig:
 
 
 def load_model_from(config: ModelConfig):
-    """The model `config` names (vkv's default model when it names none)."""
-    name = config.model or DEFAULT_MODEL
-    with console.status(f"loading {name} ({config.quant})"):
+    """The model `config` names (vkv's default model when it names none and a GPU can run it)."""
+    from vkv.lm.load import default_model, load_model
+
+    name = config.model or default_model(config.device)
+    with status(f"loading {name} ({config.quant})"):
         return load_model(name, quant=config.quant, device=config.device, attn_implementation=config.attn)
 
 
@@ -88,7 +86,13 @@ def parse_list(text: str, cast, what: str) -> list:
         raise VkvError(f"--{what} {text!r}: expected a comma-separated list") from None
 
 
-def tokenizer_for(name: str):
+def tokenizer_for(name: str | None, device: str = "auto"):
+    """The tokenizer of `name` (of vkv's default model when None, where a GPU can run it)."""
+    from transformers import AutoTokenizer
+
+    from vkv.lm.load import default_model, resolve_model_path
+
+    name = name or default_model(device)
     path, local = resolve_model_path(name)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=local)

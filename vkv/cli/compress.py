@@ -15,7 +15,7 @@ from vkv.compress.single import compress_transcript, render_within_positions
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
-from vkv.progress import step_bar
+from vkv.progress import status, step_bar
 from vkv.settings import add_arguments, flat_settings, from_args, from_flat, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows
@@ -73,7 +73,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
         raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
     torch.manual_seed(config.optim.seed)
     # the span's length, and so a ratio it cannot take, is known from the tokenizer before the model loads
-    tokenizer = tokenizer_for(command.model.model)  # main() fills in the default model
+    tokenizer = tokenizer_for(command.model.model, command.model.device)
     if command.window:
         transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
     turns = parse_turn_span(command.span, transcript)
@@ -83,9 +83,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
     lm = load_model_from(command.model)
     if command.sequential or plan.keep_verbatim or plan.auto_ratio:
         return _compress_multiturn(command, lm, transcript, turns, plan)
-    with step_bar(
-        f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps, console
-    ) as on_step:
+    with step_bar(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps) as on_step:
         spliced = compress_transcript(lm, transcript, turns, command.ratio, config, on_step=on_step)
     save_with_store(spliced, command, lm, transcript)
     (virtual,) = [s for s in spliced.segments if s.kind != "verbatim"]  # compact with a per-head verbatim share
@@ -120,7 +118,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -> int:
 
-    with console.status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
+    with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
         spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, command.sequential)
     save_with_store(spliced, command, lm, transcript)
     rows = report_rows(read_header(command.out))

@@ -17,7 +17,7 @@ from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
-from vkv.progress import step_bar
+from vkv.progress import counted, status, step_bar
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, from_flat, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows, window_transcript
@@ -75,30 +75,43 @@ def cmd_eval(args: argparse.Namespace) -> int:
     recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
     lm = load_model_from(command.model)
+    units = list(eval_units(lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only))
+    classes = [METHODS[name] for name in methods]
+    per_unit = bool(command.cache) + sum(len(ratios) if cls.uses_ratio else 1 for cls in classes)
     results = []
-    for transcript, turns in eval_units(
-        lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only
-    ):
-        start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
-        for ratio in ratios if any(METHODS[name].uses_ratio for name in methods) else []:
-            span_budget(end - start, ratio)  # before the references' prefill
-        with console.status(f"{transcript.id}: full and none references"):
-            evaluation = TranscriptEval(lm, transcript, turns, settings)
-        if command.cache:
-            results.append(evaluation.evaluate_cache(load_cache(command.cache, lm)))
-        for name in methods:
-            method = build_method(METHODS[name], recipe, args, options)
-            for ratio in ratios if method.uses_ratio else [None]:
-                label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
-                if method.reports_steps:
-                    with step_bar(label, recipe.compress.optim.steps, console) as on_step:
-                        results.append(evaluation.evaluate(method, ratio, on_step))
-                else:
-                    with console.status(label):
-                        results.append(evaluation.evaluate(method, ratio))
-        write_json(command.json, results) if command.json else None
+    with counted(f"eval: {len(units)} unit(s) × {per_unit} run(s)", len(units) * per_unit) as done:
+        for transcript, turns in units:
+            results += _eval_unit(lm, transcript, turns, command, recipe, settings, args, options, done)
+            if command.json:
+                write_json(command.json, results)
     _print_eval(results, aggregate(results))
     return 0
+
+
+def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, args, options, done) -> list[dict]:
+    """One unit's results: the cache's (when given), then each method at each ratio; `done()` after each run."""
+    start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
+    names, ratios = command.method, command.ratio
+    for ratio in ratios if any(METHODS[name].uses_ratio for name in names) else []:
+        span_budget(end - start, ratio)  # before the references' prefill
+    with status(f"{transcript.id}: full and none references"):
+        evaluation = TranscriptEval(lm, transcript, turns, settings)
+    results = []
+    if command.cache:
+        results.append(evaluation.evaluate_cache(load_cache(command.cache, lm)))
+        done()
+    for name in names:
+        method = build_method(METHODS[name], recipe, args, options)
+        for ratio in ratios if method.uses_ratio else [None]:
+            label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
+            if method.reports_steps:
+                with step_bar(label, recipe.compress.optim.steps) as on_step:
+                    results.append(evaluation.evaluate(method, ratio, on_step))
+            else:
+                with status(label):
+                    results.append(evaluation.evaluate(method, ratio))
+            done()
+    return results
 
 
 # ---- method options as flags ----------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from vkv.backends.longcodezip.cli import prune_file
 from vkv.backends.longcodezip.settings import LongCodeZipSettings
 from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.errors import VkvError
+from vkv.progress import status
 from vkv.settings import add_arguments, check_ranges, from_args, nested, setting
 
 
@@ -58,7 +59,7 @@ class PruneConfig:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     config = from_args(PruneConfig, args).validate()
-    with console.status(f"pruning {args.file} with {config.backend}"):
+    with status(f"pruning {args.file} with {config.backend}"):
         payload = prune(args.file, config)
     console.print(payload["text"], markup=False, highlight=False)
     console.print(

@@ -17,6 +17,7 @@ from vkv.cli.eval import eval_units
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
+from vkv.progress import status
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript
 
@@ -64,7 +65,7 @@ def _validate_with_model(config: ValidateConfig, scoring, transcripts) -> list[s
         table.add_column(col)
     for transcript in transcripts:
         for unit, turns in eval_units(lm, [transcript.path], None, window, None):
-            with console.status(f"{unit.id}: full and none references"):
+            with status(f"{unit.id}: full and none references"):
                 ev = TranscriptEval(lm, unit, turns, scoring)
             for pq, full, none in zip(ev.questions, ev.full, ev.none):
                 q = pq.question

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from vkv.lm.frozen import FrozenLM
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-Coder-7B-Instruct"
+SMALL_MODEL = "smollm2-135m"  # the CPU test model (vkv.lm.zoo)
 
 
 class _DropBitsandbytesNoise(logging.Filter):
@@ -48,6 +49,18 @@ def resolve_device(device: str | None) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise VkvError(f"device '{device}' was requested but CUDA is not available on this machine")
     return resolved
+
+
+def default_model(device: str | None = None) -> str:
+    """The model to load when none is named: DEFAULT_MODEL, refused in one sentence where it would run on the CPU
+    (a 7B download and hours of CPU time are never what forgetting --model meant)."""
+    if resolve_device(device).type != "cuda":
+        raise VkvError(
+            f"no --model given, and vkv's default model ({DEFAULT_MODEL}, 7B parameters) needs a GPU, which "
+            f"{'--device ' + device + ' rules out' if device not in (None, 'auto') else 'this machine lacks'}: "
+            f"pass --model {SMALL_MODEL} (the small CPU test model; `vkv models list` shows the others) or another model"
+        )
+    return DEFAULT_MODEL
 
 
 def resolve_quant(quant: str, device: torch.device) -> str:

@@ -41,7 +41,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vkv.errors import VkvError
-from vkv.progress import make_progress
+from vkv.progress import make_progress, status
 from vkv.settings import check_ranges, setting
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
 from vkv.sweep.plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
@@ -108,7 +108,7 @@ def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
     shard = parse_shard(config.shard)
     device = _device(config.device)
     out = Path(config.out)
-    with console.status(f"{experiment.path}: expanding the grid"):
+    with status(f"{experiment.path}: expanding the grid"):
         runs = plan(experiment, device)
     mine = take_shard(runs, *shard)
     done = {line.get("run_id") for line in read_results(out)} if out.is_dir() else set()
@@ -130,7 +130,7 @@ def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
     errors = out / results_name(*shard).replace("results", "errors")
     ctx = SweepContext(experiment, out, shard, device, config.attn, config.save_caches, git_revision())
     try:
-        with make_progress(console) as progress:
+        with make_progress() as progress:
             failures = execute(ctx, pending, results, console, progress, lambda f: _log_failure(errors, f))
     finally:
         results.close()

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -23,6 +22,7 @@ from vkv.evals.metrics import mean
 from vkv.evals.summary import aggregate, base_transcript
 from vkv.io import write_text_atomic
 from vkv.settings import setting
+from vkv.sweep.plots import FEW_WINDOWS
 from vkv.sweep.results import read_results
 
 REFERENCES = ("full", "none")
@@ -160,6 +160,7 @@ def rows(results: SweepResults) -> list[dict[str, Any]]:
                 "variant": variant,
                 "method": group[0]["run"]["method"],
                 "runs": len(group),
+                "windows": len({g["result"]["transcript"] for g in group}),
                 "seeds": len({g["seed"] for g in group}),
                 "retention_ci": (retention.low, retention.high) if retention else None,
                 "choice_ci": (choice.low, choice.high) if choice else None,
@@ -167,6 +168,7 @@ def rows(results: SweepResults) -> list[dict[str, Any]]:
                 "run_seconds": mean(g["wall_seconds"] for g in group),
                 "final_loss": mean(x for x in losses if x is not None),
                 "peak_memory_mb": max(g["peak_memory_mb"] for g in group),
+                "peak_per_process": all(g.get("peak_memory_kind") == "process-max-rss" for g in group),
             }
         )
     return sorted(out, key=_row_order)
@@ -245,6 +247,7 @@ class Cell:
     questions: int
     low: float
     high: float
+    windows: int = 0
 
 
 def breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[tuple, dict[str, Cell]]]:
@@ -275,7 +278,7 @@ def _breakdown(results: SweepResults, field_name: str) -> tuple[list[str], dict[
 
 def _cell_interval(values: dict[tuple, list[float]]) -> Cell:
     interval = window_bootstrap({k: sum(v) / len(v) for k, v in values.items()})
-    return Cell(interval.mean, interval.questions, interval.low, interval.high)
+    return Cell(interval.mean, interval.questions, interval.low, interval.high, interval.windows)
 
 
 def splits(results: SweepResults) -> list[str]:
@@ -322,7 +325,28 @@ def _cell(row: dict, key: str, fmt: str) -> str:
     value = row.get(key)
     if value is None:
         return "—"
+    if key == "peak_memory_mb" and row.get("peak_per_process"):
+        return "≤" + format(value, fmt)  # the sweep process's peak RSS so far: a bound, not this row's own peak
     return f"[{value[0]:.3f}, {value[1]:.3f}]" if fmt == "ci" else format(value, fmt)
+
+
+def few_windows(items: list[tuple[str, int]]) -> str | None:
+    """The caveat for intervals resting on fewer than FEW_WINDOWS windows (`items`: what, its windows), or None."""
+    few = sorted({(what, windows) for what, windows in items if windows < FEW_WINDOWS}, key=lambda x: (x[1], x[0]))
+    if not few:
+        return None
+    named = "; ".join(f"{what} ({windows} window{'s' if windows != 1 else ''})" for what, windows in few)
+    return (
+        f"Caveat: these intervals rest on fewer than {FEW_WINDOWS} windows, and a bootstrap over so few windows "
+        f"understates the uncertainty (over one window it is no interval at all): {named}."
+    )
+
+
+def _row_windows(table_rows: list[dict]) -> list[tuple[str, int]]:
+    return [
+        (r["variant"] + (f" {r['ratio_requested']:g}×" if r["ratio_requested"] else ""), r.get("windows", 0))
+        for r in table_rows
+    ]
 
 
 def _difference(interval) -> str:
@@ -410,6 +434,9 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
     for row in table_rows:
         table.add_row(*(_cell(row, key, fmt) for _, key, fmt in columns))
     console.print(table)
+    caveat = few_windows(_row_windows(table_rows))
+    if caveat:
+        console.print(f"[yellow]{caveat}[/]", highlight=False)
     if paired_rows:
         diff = Table(
             title="paired differences from the reference on shared questions (n.s.: the interval includes 0, "
@@ -460,7 +487,8 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
 
 
 def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]:
-    """Write the PNGs that have data; returns their file names. Needs matplotlib (pip install 'vkv[plots]')."""
+    """Write the PNGs that have data (vkv.sweep.plots); returns their file names. Needs matplotlib (pip install
+    'vkv[plots]')."""
     try:
         import matplotlib  # optional dependency (vkv[plots])
 
@@ -468,164 +496,16 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]
         import matplotlib.pyplot as plt  # noqa: F401
     except ImportError:
         return []
+    from vkv.sweep import plots as draw
+
     out.mkdir(parents=True, exist_ok=True)
-    written = []
-    draws = (
-        ("quality", _plot_quality),
-        ("distance", _plot_distance),
-        ("loss", _plot_losses),
-        ("heatmap", _plot_heatmap),
-    )
-    for name, draw in draws:
-        if draw(results, table_rows, out / PLOTS[name]):
-            written.append(PLOTS[name])
-    return written
-
-
-def _plot_quality(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
-    in memory; choice accuracy and retention carry their window-bootstrap intervals as error bars."""
-    import matplotlib.pyplot as plt  # optional dependency (vkv[plots]); plots() checks it is there
-    import matplotlib.ticker  # optional dependency, as above
-
-    panels = (  # (y metric, its interval, x metric, title)
-        ("keyword_accuracy", None, "ratio_achieved", "keyword accuracy"),
-        ("choice_accuracy", "choice_ci", "ratio_achieved", "choice accuracy"),
-        ("mean_retention", "retention_ci", "ratio_achieved", "mean retention"),
-        ("mean_retention", "retention_ci", "span_memory_kib", "mean retention against bytes in memory"),
-    )
-    curves = defaultdict(list)
-    for row in table_rows:
-        if row["method"] not in REFERENCES and row["ratio_achieved"]:
-            curves[row["variant"]].append(row)
-    if not curves:
-        return False
-    fig, axes = plt.subplots(1, len(panels), figsize=(20, 4.5))
-    for ax, (key, interval, x_key, title) in zip(axes, panels):
-        for variant, pts in sorted(curves.items()):
-            pts = sorted((p for p in pts if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
-            if not pts:
-                continue
-            errors = None
-            if interval and all(p.get(interval) for p in pts):
-                errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
-            xs, ys = [p[x_key] for p in pts], [p[key] for p in pts]
-            ax.errorbar(xs, ys, yerr=errors, marker="o", capsize=3, label=variant)
-        for ref, style in zip(REFERENCES, ("--", ":")):
-            values = [r[key] for r in table_rows if r["method"] == ref and r[key] is not None]
-            if values:
-                ax.axhline(
-                    values[0], color="grey", linestyle=style, label="full context" if ref == "full" else "no context"
-                )
-        ax.set_xscale("log", base=2)
-        if x_key == "ratio_achieved":
-            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}×"))
-            ax.set_xlabel("achieved ratio (span tokens per entry)")
-        else:
-            ax.set_xlabel("span KiB in memory per window (decoding cache)")
-        ax.set_title(title)
-        low = min([0.0] + [p[key] for pts in curves.values() for p in pts if p[key] is not None])
-        ax.set_ylim(low - 0.05, 1.05)
-        ax.grid(alpha=0.3)
-    axes[-1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-DISTANCE_RATIO = 8.0  # the retention-by-distance plot is drawn at the requested ratio nearest this one
-
-
-def _plot_distance(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    """Retention by distance bucket, one line per method variant, at the requested ratio nearest DISTANCE_RATIO,
-    with window-bootstrap intervals as error bars."""
-    import matplotlib.pyplot as plt  # optional dependency, as above
-
-    columns, cells = breakdown(results, "distance_tokens")
-    ratios = {ratio for (_, ratio) in cells if ratio}
-    if len(columns) < 2 or not ratios:
-        return False
-    ratio = min(ratios, key=lambda r: (abs(r - DISTANCE_RATIO), r))
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for (variant, at), row in sorted(cells.items(), key=lambda kv: kv[0][0]):
-        if at != ratio:
-            continue
-        points = [(i, row[c]) for i, c in enumerate(columns) if c in row]
-        errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
-        ax.errorbar(
-            [i for i, _ in points], [c.mean for _, c in points], yerr=errors, marker="o", capsize=3, label=variant
-        )
-    ax.set_xticks(range(len(columns)), [f"{c} tokens" for c in columns], rotation=15)
-    ax.set_xlabel("distance from a question's latest evidence to the end of the compressed span")
-    ax.set_ylabel("mean retention (usable questions)")
-    ax.set_title(f"retention by distance at {ratio:g}×")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def _plot_losses(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt  # optional dependency, as above
-
-    traced = defaultdict(list)
-    for line in results.lines:
-        if len(line["result"].get("loss_trace") or []) > 1:  # meanpool records only its initial loss
-            traced[line["variant"]].append(line)
-    if not traced:
-        return False
-    n = len(traced)
-    cols = min(3, n)
-    fig, axes = plt.subplots(
-        (n + cols - 1) // cols, cols, figsize=(5 * cols, 3.6 * ((n + cols - 1) // cols)), squeeze=False
-    )
-    ratios = sorted({line["result"]["ratio_requested"] for g in traced.values() for line in g})
-    colours = {r: plt.cm.viridis(0.85 * i / max(len(ratios) - 1, 1)) for i, r in enumerate(ratios)}
-    for ax, (variant, group) in zip(axes.flat, sorted(traced.items())):
-        shown = set()
-        for line in group:
-            ratio = line["result"]["ratio_requested"]
-            ax.plot(
-                line["result"]["loss_trace"],
-                color=colours[ratio],
-                alpha=0.7,
-                label=None if ratio in shown else f"{ratio:g}×",
-            )
-            shown.add(ratio)
-        ax.set_yscale("log")
-        ax.set_title(variant, fontsize=9)
-        ax.set_xlabel("step")
-        ax.set_ylabel("loss")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
-
-
-def _plot_heatmap(results: SweepResults, table_rows: list[dict], path: Path) -> bool:
-    import matplotlib.pyplot as plt  # optional dependency, as above
-
-    cols, names, grid = per_question(results)
-    if not names:
-        return False
-    data = np.array([[np.nan if v is None else v for v in row] for row in grid], dtype=float)
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(cols) + 4), max(3, 0.3 * len(names) + 2)))
-    image = ax.imshow(np.ma.masked_invalid(data), cmap="RdYlGn", vmin=0, vmax=1, aspect="auto")
-    ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
-    ax.set_title("keyword-correct share per question (facts that degrade first at the bottom)", fontsize=9)
-    fig.colorbar(image, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    drawn = {
+        "quality": lambda path: draw.draw_quality(table_rows, path),
+        "distance": lambda path: draw.draw_distance(*breakdown(results, "distance_tokens"), table_rows, path),
+        "loss": lambda path: draw.draw_losses(results.lines, path),
+        "heatmap": lambda path: draw.draw_heatmap(*per_question(results), path),
+    }
+    return [PLOTS[name] for name, plot in drawn.items() if plot(out / PLOTS[name])]
 
 
 # ---- report.md -------------------------------------------------------------------------------------------
@@ -688,7 +568,9 @@ def _markdown_results(table_rows: list[dict]) -> list[str]:
         "",
         "Pooled over windows, questions and seeds. 95% intervals come from a bootstrap that resamples windows (the "
         "questions of one window are not independent). `compress s`: the method's own time per run; `run s`: wall "
-        "time per run including scoring; `peak MB`: CUDA peak allocation, or the process's peak RSS on CPU; "
+        "time per run including scoring; `peak MB`: CUDA peak allocation per run, or on CPU (marked ≤) the sweep "
+        "process's peak RSS, which only grows over the runs one process makes: a bound on each row's peak that does "
+        "not compare rows; "
         "`achieved`: span tokens per real entry (entries per KV head); `stored`: span tokens per slot its segments "
         "hold (lower when head-wise budgets pad); `in memory`: the span's full K/V bytes over the bytes the decoding "
         "cache holds for its entries (keys, values, biases, per-head offsets), and `span KiB` those bytes per window; "
@@ -697,7 +579,9 @@ def _markdown_results(table_rows: list[dict]) -> list[str]:
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
         "|" + "|".join("---" if h == "method" else "---:" for h, _, _ in COLUMNS) + "|",
     ]
-    return out + ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
+    out += ["| " + " | ".join(_cell(r, key, fmt) for _, key, fmt in COLUMNS) + " |" for r in table_rows]
+    caveat = few_windows(_row_windows(table_rows))
+    return out + (["", f"**{caveat}**"] if caveat else [])
 
 
 def _markdown_paired(paired_rows: list[dict]) -> list[str]:
@@ -711,7 +595,14 @@ def _markdown_paired(paired_rows: list[dict]) -> list[str]:
         "| " + " | ".join(PAIRED_COLUMNS) + " |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
-    return out + ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
+    out += ["| " + " | ".join(_paired_cells(r)) + " |" for r in paired_rows]
+    windows = [
+        (f"{r['variant']} {r['ratio_requested'] or ''}".strip(), r["retention"].windows)
+        for r in paired_rows
+        if r.get("retention")
+    ]
+    caveat = few_windows(windows)
+    return out + (["", f"**{caveat}**"] if caveat else [])
 
 
 BREAKDOWNS = (  # (question field, section title, what the cells hold)
@@ -744,17 +635,24 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
             for r in table_rows
             if (r["variant"], r["ratio_requested"]) in cells
         ]
+        windows = [
+            (f"{v} {ratio or ''}".strip(), min(c.windows for c in row.values())) for (v, ratio), row in cells.items()
+        ]
+        caveat = few_windows(windows)
+        out += ["", f"**{caveat}**"] if caveat else []
     return out
 
 
 CAPTIONS = {
-    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nDashed: full context; dotted: no context; "
-    "bars: 95% window-bootstrap intervals.",
-    PLOTS["distance"]: "## Retention against distance\n\nAt the requested ratio nearest 8×; bars: 95% window-bootstrap "
-    "intervals.",
+    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nOne colour and marker per method variant; "
+    "x ticks at the values measured. Dashed: full context; dotted: no context; bars: 95% window-bootstrap intervals "
+    "(choice accuracy and retention); the legend gives each variant's windows, † where fewer than 10.",
+    PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio, every method variant run at it "
+    "drawn; a panel names the variants without a point there and why. Bars: 95% window-bootstrap intervals.",
     PLOTS["loss"]: "## Optimisation loss curves",
-    PLOTS["heatmap"]: "## Which facts degrade first\n\nShare of runs whose greedy answer passes the keyword "
-    "check, per question and column; rows with the fewest correct cells are at the bottom.",
+    PLOTS["heatmap"]: "## Which facts degrade first\n\nWhether the greedy answer passes the keyword check, per "
+    "question and column (blue: passes, grey: fails, white: not run; with several runs per cell, their share on a "
+    "cividis scale); rows with the fewest correct cells are at the bottom.",
 }
 
 

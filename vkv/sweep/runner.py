@@ -22,6 +22,7 @@ from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import cache_metadata, save_cache, transcript_record
 from vkv.lm.load import load_model
 from vkv.methods import METHODS
+from vkv.progress import status
 from vkv.resources import peak_memory_mb, reset_peak_memory
 from vkv.sweep.grid import Experiment, build_method
 from vkv.sweep.plan import Run
@@ -117,7 +118,7 @@ def _free_memory() -> None:
 
 
 def _load(model: str, quant: str, ctx: SweepContext, console):
-    with console.status(f"loading {model} ({quant})"):
+    with status(f"loading {model} ({quant})"):
         return load_model(model, quant=quant, device=ctx.device, attn_implementation=ctx.attn)
 
 

@@ -47,6 +47,7 @@ from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.load import load_model
+from vkv.progress import counted
 from vkv.settings import check_ranges, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.tools.memory import plan
@@ -670,17 +671,19 @@ def run_bench(config: BenchConfig) -> int:
         span_spec = span_spec or default_span
     start = time.perf_counter()
     records = []
-    for quant in config.quants:
-        console.print(f"[bold]{config.model} {quant}[/] ({torch.get_num_threads()} thread(s))")
-        lm = load_model(config.model, quant=quant, device=config.device)
-        span = prepare_span(lm, transcript, span_spec or "turns:3-7", config.ratio)
-        console.print(
-            f"  span tokens {span.start}-{span.end} → {span.targets.k} virtual tokens on a "
-            f"{span.prefix.length}-token prefix"
-        )
-        records.append(bench_quant(lm, span, config.steps, config.lr, OptimConfig(), log=console.print))
-        del lm, span
-        gc.collect()
+    with counted(f"bench optimizer: {len(config.quants)} quantisation(s)", len(config.quants)) as done:
+        for quant in config.quants:
+            console.print(f"[bold]{config.model} {quant}[/] ({torch.get_num_threads()} thread(s))")
+            lm = load_model(config.model, quant=quant, device=config.device)
+            span = prepare_span(lm, transcript, span_spec or "turns:3-7", config.ratio)
+            console.print(
+                f"  span tokens {span.start}-{span.end} → {span.targets.k} virtual tokens on a "
+                f"{span.prefix.length}-token prefix"
+            )
+            records.append(bench_quant(lm, span, config.steps, config.lr, OptimConfig(), log=console.print))
+            del lm, span
+            gc.collect()
+            done()
     runs, floor = results_tables(records)
     console.print(runs)
     tuned = OptimConfig()

@@ -31,6 +31,7 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
 from vkv.methods import get_method
+from vkv.progress import counted
 from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
 from vkv.text.windows import turn_windows, window_transcript
@@ -228,11 +229,11 @@ def run_bench_cache(config: CacheBenchConfig) -> int:
     started = time.perf_counter()
     lm = config.model.load()
     records: list[dict[str, Any]] = []
-    for i, tokens in enumerate(config.windows, 1):
-        console.print(
-            f"[bold]window {i}/{len(config.windows)}[/] (~{tokens} tokens), {time.perf_counter() - started:.0f} s in"
-        )
-        records += bench_window(lm, Path(config.transcript), tokens, config, console.print)
+    with counted(f"bench cache: {len(config.windows)} window size(s)", len(config.windows)) as done:
+        for i, tokens in enumerate(config.windows, 1):
+            console.print(f"[bold]window {i}/{len(config.windows)}[/] (~{tokens} tokens)")
+            records += bench_window(lm, Path(config.transcript), tokens, config, console.print)
+            done()
     console.print(table(records))
     seconds = time.perf_counter() - started
     write_json_atomic(

@@ -31,6 +31,7 @@ from vkv.io import write_json_atomic
 from vkv.kv.segment import SegmentGroup
 from vkv.lm.frozen import FrozenLM
 from vkv.methods import METHODS, get_method
+from vkv.progress import counted
 from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
 from vkv.tools.bench import BenchModel, working_memory
@@ -175,11 +176,11 @@ def run_bench_scaling(config: ScalingBenchConfig) -> int:
     started = time.perf_counter()
     lm = config.model.load()
     records: list[dict[str, Any]] = []
-    for i, length in enumerate(sorted(config.lengths), 1):
-        console.print(
-            f"[bold]length {i}/{len(config.lengths)}[/] (~{length} tokens), {time.perf_counter() - started:.0f} s in"
-        )
-        records += measure(lm, config, length, console.print)
+    with counted(f"bench scaling: {len(config.lengths)} length(s)", len(config.lengths)) as done:
+        for i, length in enumerate(sorted(config.lengths), 1):
+            console.print(f"[bold]length {i}/{len(config.lengths)}[/] (~{length} tokens)")
+            records += measure(lm, config, length, console.print)
+            done()
     fitted, phases = exponents(records), phase_exponents(records)
     console.print(table(records, fitted))
     for name, per_phase in phases.items():
