@@ -29,6 +29,12 @@ def test_help_lists_commands(capsys):
     assert "doctor" in capsys.readouterr().out
 
 
+def test_a_shared_method_flag_says_each_methods_default(capsys):
+    assert main(["eval", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "kvzip: global" in text and "knorm: shared" in text  # kvzip spends its budget as its authors do
+
+
 @pytest.mark.integration
 def test_doctor_8bit_cli_writes_json(test_model_dir, tmp_path):
     out = tmp_path / "doctor.json"

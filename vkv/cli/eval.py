@@ -151,13 +151,22 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     recipe = {s.key for s in flat_settings(MultiTurnConfig)}
     for option in method_options().values():
         s = option.setting
-        owners = [*option.owners, *(["vkv's recipe"] if s.key in recipe else [])]
+        owners = {o: _default(METHODS[o], option.field) for o in option.owners}
+        if s.key in recipe:
+            owners["vkv's recipe"] = _default(MultiTurnConfig, s.key)
+        if len({repr(d) for d in owners.values()}) > 1:  # say whose default is which
+            owners = {f"{o}: {d}": d for o, d in owners.items()}
         help_text = f"{s.help} ({', '.join(owners)})"
         if isinstance(s.default, bool):
             group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             kind = type(s.default) if s.default is not None else str
             group.add_argument(s.flag, type=bounded(kind, s.minimum, s.above), choices=s.allowed(), help=help_text)
+
+
+def _default(cls, key: str):
+    """The default of `cls`'s setting `key` (nested settings by their flat key)."""
+    return next(s.default for s in flat_settings(cls) if s.key == key)
 
 
 def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOption]:
