@@ -11,13 +11,14 @@ from vkv.settings import setting
 @dataclass
 class SnapKV(ScorerMethod):
     """SnapKV, question-agnostic: the last tokens of the span are the observation window, always kept; the rest are
-    scored by the window's attention, pooled over neighbours. By default the selection is per token, shared by
-    all layers and heads, so every kept entry has one position."""
+    scored by the window's attention, pooled over neighbours. The defaults are kvpress's SnapKVPress: a 64-token
+    window and each KV head its own best entries (`shared`, the same tokens in every head, was not separable from
+    it on the dev split and trailed it on the cross-checked test windows, evals/RESULTS.md)."""
 
     name = "snapkv"
-    head_budget: str = head_budget_setting("shared")  # per token: every kept entry has one position
+    head_budget: str = head_budget_setting("uniform")
     window: int = setting(
-        32, "the observation window: the span's last tokens, whose attention scores the rest", minimum=1
+        64, "the observation window: the span's last tokens, whose attention scores the rest", minimum=1
     )
     kernel: int = setting(5, "scores are pooled over this many neighbours (odd)", minimum=1)
 
