@@ -1,30 +1,45 @@
-"""Attention matching in closed form (Zweiger et al., "Fast KV Compaction via Attention Matching", 2026).
+"""Attention matching in closed form (Zweiger et al., "Fast KV Compaction via Attention Matching", 2026), each step as
+the paper's reference code takes it (github adamzweiger/compaction, `compaction/algorithms/`).
 
-A span's n entries are replaced, per layer and KV head, by t of its keys with one additive bias each and refitted
-values, so that every reference query keeps (1) the attention mass the whole span drew and (2) the output it read
-from it. Then mixing with the prefix and with later tokens is unchanged for those queries. Everything runs batched
-over the flattened (layer, KV head) axis, in float32:
+A span's n entries are replaced, per layer and KV head (a row), by t of its keys with one additive bias β each and
+refitted values, so that every reference query keeps (1) the attention mass the whole span drew and (2) the output it
+read from it; mixing with the prefix and with later tokens is then unchanged for those queries. Rows are fitted one
+at a time in float32 (a row's attention over the span, `[m, n]`, is the largest tensor, held a chunk of queries at a
+time); least-squares systems are solved in float64:
 
-- keys: the t the reference queries attend to most (`attention`), or orthogonal matching pursuit on the masses
-  (`omp`: greedily the key that best explains the mass still missing, weights refitted after each pick);
-- biases: β = log w with w ≥ 0 from non-negative least squares, Σ_j P_ij w_j ≈ 1 for every query i, where P is
-  the query's attention over the whole span (so the kept entries reproduce its mass), or a shared log(n / t), or 0;
-- values: least squares so the compact attention P' reads the span's outputs, P' V' ≈ O, with a ridge pulling V'
-  toward the kept entries' own values.
+- keys: the t with the largest root-mean-square attention over the reference queries (`rms`, the reference's
+  highest-attention keys), with the largest mean attention (`mean`), or orthogonal matching pursuit on the masses
+  (`omp`, compress/omp.py); how many each row keeps is the head budget's split of the span's (`head_counts`);
+- biases: w = exp(β) by bounded non-negative least squares on absolute masses, Σ_j exp(s_qj − max_q) w_j ≈
+  Σ_i exp(s_qi − max_q) for every query q (`nnls`: the reference's least squares clamped into its bounds, then its
+  projected-gradient steps); the exact NNLS of each query's relative mass (`fit`); a shared log(n / t); or 0;
+- values: least squares so that the compact attention P' (biases included) reads the span's outputs, P' V' ≈ O,
+  with an optional ridge pulling V' toward the kept entries' own values.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from vkv.compress.head_budget import per_head_index
+from vkv.compress.nnls import bounded_nnls, least_squares, nnls
+from vkv.compress.omp import omp_keys
 from vkv.kv.segment import MASKED
 
-SELECTIONS = ("attention", "omp")
-BIASES = ("fit", "shared", "none")
+SELECTIONS = ("rms", "mean", "omp")
+BIASES = ("nnls", "fit", "shared", "none")
 VALUES = ("refit", "keep")
+# The reference's box on w = exp(β) and its projected-gradient steps after the clamped least squares, per selection
+# (evaluation/configs/algorithms/best.py: highest-attention keys [e⁻³, e³] and 2 steps; OMP [1e-12, e⁷], none).
+NNLS_BOUNDS = {
+    "rms": (math.exp(-3), math.exp(3), 2),
+    "mean": (math.exp(-3), math.exp(3), 2),
+    "omp": (1e-12, math.exp(7), 0),
+}
+QUERY_CHUNK = 4096  # reference queries whose attention over the span is held at once
 
 
 @dataclass
@@ -66,7 +81,7 @@ class SpanReadout:
 class Compaction:
     """t entries per (layer, KV head) row standing for the span."""
 
-    index: torch.Tensor  # [R, t] kept span-relative entries, ascending
+    index: torch.Tensor  # [R, t] kept span-relative entries: each row's real ones first, ascending
     bias: torch.Tensor  # [R, t] β added to the entries' logits (−inf: a padding slot of a head-wise budget)
     values: torch.Tensor  # [R, t, D]
     real: torch.Tensor  # [R, t] bool: which slots hold entries
@@ -83,87 +98,184 @@ class Compaction:
         return (queries @ self.keys(readout).transpose(1, 2) + self.bias[:, None, :]).logsumexp(-1)
 
 
+@dataclass
+class RowStats:
+    """What one row's m reference queries draw from the whole span of n entries."""
+
+    log_max: torch.Tensor  # [m] each query's largest score over the span
+    mass: torch.Tensor  # [m] Σ_i exp(s_qi − log_max_q): the span's mass in units of the query's largest term
+    outputs: torch.Tensor  # [m, D] what each query reads from the span
+    rms: torch.Tensor  # [n] each entry's root-mean-square attention over the queries
+    mean: torch.Tensor  # [n] each entry's mean attention
+
+    def key_scores(self, selection: str) -> torch.Tensor:
+        """`[n]`: the mean attention for `mean`, else the RMS (OMP's rows are budgeted by it too)."""
+        return self.mean if selection == "mean" else self.rms
+
+
+def row_stats(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: int = QUERY_CHUNK) -> RowStats:
+    """`RowStats` of `queries` `[m, D]` (scaled, post-RoPE) over `keys`, `values` `[n, D]`, `chunk` queries at a
+    time."""
+    m, n = queries.shape[0], keys.shape[0]
+    log_max, mass, outputs = [], [], []
+    total, square = torch.zeros(n), torch.zeros(n)
+    for lo in range(0, m, chunk):
+        scores = queries[lo : lo + chunk].float() @ keys.float().T
+        top = scores.amax(-1, keepdim=True)
+        weights = scores.sub_(top).exp_()
+        z = weights.sum(-1, keepdim=True)
+        attention = weights.div_(z)
+        outputs.append(attention @ values.float())
+        total += attention.sum(0)
+        square += torch.linalg.vector_norm(attention, dim=0).square()
+        log_max.append(top[:, 0])
+        mass.append(z[:, 0])
+    return RowStats(torch.cat(log_max), torch.cat(mass), torch.cat(outputs), (square / m).sqrt(), total / m)
+
+
+def head_counts(scores: torch.Tensor, t: int, rule: str, cap: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """How the span's entries are split over rows for key scores `[layers, kv_heads, n]` (compress/head_budget.py's
+    `rule`, `t` per head on average) → (`counts` `[layers, kv_heads]`, `index` `[layers, kv_heads, max count]`, the
+    rule's own choice of each head's entries, real ones first). With `cap` < 1, no head of a rule that moves entries
+    between heads keeps more than that share of the span (the reference caps each head at 0.75), unless the mean
+    budget itself is larger: a head's entries past its cap are out of the competition."""
+    n = scores.shape[-1]
+    limit = math.floor(cap * n)
+    if rule in ("adaptive", "global") and t <= limit < n:
+        beyond = scores.argsort(-1, descending=True)[..., limit:]
+        scores = scores.scatter(-1, beyond, float("-inf"))
+    index, real = per_head_index(scores, t, rule)
+    return real.sum(-1), index
+
+
+def top_keys(scores: torch.Tensor, count: int) -> torch.Tensor:
+    """The `count` entries with the highest `scores` `[n]`, ascending `[count]`."""
+    return scores.topk(count).indices.sort().values
+
+
+def fit_row(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    stats: RowStats,
+    index: torch.Tensor,
+    selection: str,
+    bias: str,
+    refit: str,
+    ridge: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """β `[c]` and values `[c, D]` of one row's kept entries `index` `[c]` (`queries` `[m, D]`, `keys` and `values`
+    `[n, D]`, `stats` their `row_stats`)."""
+    scores = queries.float() @ keys[index].float().T  # [m, c]
+    if bias in ("nnls", "fit"):
+        a = (scores - stats.log_max[:, None]).exp()  # each term in units of its query's largest: at most 1
+        if bias == "nnls":
+            a64 = a.double()
+            w = bounded_nnls(a64.T @ a64, a64.T @ stats.mass.double(), *NNLS_BOUNDS[selection]).float()
+        else:  # every query's relative mass weighs the same: Σ_j P_qj w_j ≈ 1
+            w = nnls((a / stats.mass[:, None])[None])[0].clamp_min(1e-12)
+        beta = w.log()
+    elif bias == "shared":
+        beta = torch.full((len(index),), math.log(keys.shape[0] / len(index)))
+    else:
+        beta = torch.zeros(len(index))
+    kept = values[index].float()
+    if refit == "refit":
+        kept = least_squares((scores + beta).softmax(-1), stats.outputs, ridge, kept)
+    return beta, kept
+
+
+def check_options(selection: str, bias: str, values: str, head_budget: str) -> None:
+    """Refuse an unknown option, or a combination not implemented, before any work (ValueError)."""
+    for name, value, known in (
+        ("selection", selection, SELECTIONS),
+        ("bias", bias, BIASES),
+        ("values", values, VALUES),
+    ):
+        if value not in known:
+            raise ValueError(f"unknown {name} '{value}'; choose one of {', '.join(known)}")
+    if selection == "omp" and head_budget == "shared":
+        raise ValueError("OMP selection with head budget 'shared' (every head the same tokens) is not implemented")
+
+
+def compact_rows(
+    readout: SpanReadout,
+    counts: torch.Tensor,
+    selection: str,
+    bias: str,
+    values: str,
+    ridge: float,
+    fixed: torch.Tensor | None = None,
+    omp_step: int = 1,
+    stats: list[RowStats] | None = None,
+) -> Compaction:
+    """Every row of `readout` compacted to its own `counts` `[R]` entries (or to `fixed` `[R, c]` ones, the same
+    for every row of a `shared` budget); `stats` when already computed for these queries."""
+    parts = []
+    for r in range(readout.keys.shape[0]):
+        q, k, v = readout.queries[r], readout.keys[r], readout.values[r]
+        row = row_stats(q, k, v) if stats is None else stats[r]
+        if fixed is not None:
+            index = fixed[r]
+        elif selection == "omp":
+            index = omp_keys(q, k, row.log_max, row.mass, int(counts[r]), omp_step)
+        else:
+            index = top_keys(row.key_scores(selection), int(counts[r]))
+        parts.append((index, *fit_row(q, k, v, row, index, selection, bias, values, ridge)))
+    return pad_rows(parts)
+
+
+def pad_rows(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Compaction:
+    """One Compaction of rows (index `[c]`, β `[c]`, values `[c, D]`) of different lengths (`concat`'s padding)."""
+    return concat(
+        [
+            Compaction(index[None], beta[None], values[None], torch.ones(1, len(index), dtype=torch.bool))
+            for index, beta, values in parts
+        ]
+    )
+
+
+def concat(parts: list[Compaction]) -> Compaction:
+    """The rows of `parts`, in order, each padded to the widest with copies of its first entry, masked (β = −inf)."""
+    width = max(p.index.shape[1] for p in parts)
+    out = []
+    for p in parts:
+        pad = width - p.index.shape[1]
+        out.append(
+            Compaction(
+                torch.cat([p.index, p.index[:, :1].expand(-1, pad)], 1),
+                torch.cat([p.bias, torch.full((p.bias.shape[0], pad), MASKED)], 1),
+                torch.cat([p.values, p.values[:, :1].expand(-1, pad, -1)], 1),
+                torch.cat([p.real, torch.zeros(p.real.shape[0], pad, dtype=torch.bool)], 1),
+            )
+        )
+    return Compaction(*(torch.cat([getattr(p, f) for p in out]) for f in ("index", "bias", "values", "real")))
+
+
 def compact(
     readout: SpanReadout,
     t: int,
-    selection: str = "attention",
-    bias: str = "fit",
+    selection: str = "rms",
+    bias: str = "nnls",
     values: str = "refit",
-    ridge: float = 1e-2,
-    iterations: int = 300,
+    ridge: float = 0.0,
     head_budget: str = "uniform",
     kv_heads: int = 1,
+    head_cap: float = 1.0,
+    omp_step: int = 1,
 ) -> Compaction:
     """The compaction of every row of `readout` (rows are layer-major, `kv_heads` per layer) keeping t entries per
-    row, or t per row on average over a layer's heads with `head_budget="adaptive"` (compress/head_budget.py).
-
-    Rows are fitted one layer at a time: every reference query's attention over the span `[rows, m, n]` is the
-    largest tensor here, and a layer's share of it keeps a long span's compaction within memory; each row's fit
-    depends only on its own layer (the shared head budget's choice, over all layers, is made first)."""
+    row on average, split over rows by `head_budget` on the rows' key scores (compress/head_budget.py), no head above
+    `head_cap` of the span where entries move between heads."""
     rows, n, _ = readout.keys.shape
     if not 1 <= t <= n:
         raise ValueError(f"cannot keep {t} of {n} entries")
-    if selection not in SELECTIONS:
-        raise ValueError(f"unknown selection '{selection}'; choose one of {', '.join(SELECTIONS)}")
-    if selection == "omp" and head_budget != "uniform":
-        raise ValueError(f"head budget '{head_budget}' with OMP selection is not implemented")
-    if bias not in BIASES:
-        raise ValueError(f"unknown bias '{bias}'; choose one of {', '.join(BIASES)}")
-    if values not in VALUES:
-        raise ValueError(f"unknown values '{values}'; choose one of {', '.join(VALUES)}")
-    layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
-    if selection == "attention":
-        mean_attention = torch.cat([readout.rows(layer).attention().mean(1) for layer in layers])  # [R, n]
-        index, real = per_head_index(mean_attention.reshape(-1, kv_heads, n), t, head_budget)
-        index, real = index.reshape(rows, -1), real.reshape(rows, -1)
-    parts = []
-    for layer in layers:
-        part = readout.rows(layer)
-        attention = part.attention()  # P [kv_heads, m, n]
-        weights = None
-        if selection == "omp":
-            layer_index, weights = omp(attention, t)
-            layer_real = torch.ones_like(layer_index, dtype=torch.bool)
-        else:
-            layer_index, layer_real = index[layer], real[layer]
-        parts.append(_fit(part, attention, layer_index, layer_real, weights, bias, values, ridge, iterations, n))
-    return Compaction(*(torch.cat([getattr(p, f) for p in parts]) for f in ("index", "bias", "values", "real")))
-
-
-def _fit(readout, attention, index, real, weights, bias, values, ridge, iterations, n) -> Compaction:
-    """The biases and values of the kept entries `index` `[r, t]` of `readout`'s rows (`attention` its P)."""
-    if bias == "fit":
-        kept = attention.gather(2, index[:, None, :].expand(-1, attention.shape[1], -1)) * real[:, None, :]
-        if weights is not None:  # start from OMP's weights or from all ones, whichever fits better
-            ones = torch.ones_like(weights)
-            worse = mass_error(kept, weights) > mass_error(kept, ones)
-            weights = torch.where(worse[:, None], ones, weights)
-        beta = nnls(kept, iterations, weights).clamp_min(1e-12).log()
-    elif bias == "shared":  # log(n / t) with each row's own count of entries
-        beta = (n / real.sum(-1, keepdim=True).float()).log().expand(index.shape).clone()
-    else:
-        beta = torch.zeros(index.shape)
-    kept_values = readout.values.gather(1, index[..., None].expand(-1, -1, readout.values.shape[-1]))
-    result = Compaction(index, beta.masked_fill(~real, MASKED), kept_values, real)
-    if values == "refit":
-        result.values = ridge_values(readout, result, ridge)
-    return result
-
-
-def nnls(a: torch.Tensor, iterations: int = 300, start: torch.Tensor | None = None) -> torch.Tensor:
-    """w ≥ 0 minimising ‖A w − 1‖² for each row batch `A` `[R, m, t]` → `[R, t]` (accelerated projected gradient
-    from w = 1, which is exact when the kept entries are the whole span)."""
-    gram = a.transpose(1, 2) @ a  # [R, t, t]
-    target = a.sum(1)  # Aᵀ1 [R, t]
-    step = 1.0 / largest_eigenvalue(gram)[:, None]  # 1 / the gradient's Lipschitz constant
-    w = torch.ones_like(target) if start is None else start.clone()
-    previous, y = w, w
-    for k in range(iterations):
-        gradient = (gram @ y[..., None])[..., 0] - target
-        w = (y - step * gradient).clamp_min(0.0)
-        y = w + (k / (k + 3)) * (w - previous)
-        previous = w
-    return w
+    check_options(selection, bias, values, head_budget)
+    stats = [row_stats(readout.queries[r], readout.keys[r], readout.values[r]) for r in range(rows)]
+    scores = torch.stack([s.key_scores(selection) for s in stats]).reshape(-1, kv_heads, n)
+    counts, index = head_counts(scores, t, head_budget, head_cap)
+    fixed = index.reshape(rows, -1) if head_budget == "shared" else None
+    return compact_rows(readout, counts.reshape(-1), selection, bias, values, ridge, fixed, omp_step, stats)
 
 
 def fit_bias(
@@ -178,59 +290,3 @@ def fit_bias(
     a = a.masked_fill(out[:, None, :], 0.0)  # a zero column has zero gradient: its weight stays at its start, 0
     beta = nnls(a, iterations, start.double().exp()).clamp_min(1e-12).log().float()
     return beta.masked_fill(out, float("-inf"))
-
-
-def mass_error(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """‖A w − 1‖² per row batch `[R]`."""
-    return ((a @ w[..., None])[..., 0] - 1.0).pow(2).sum(-1)
-
-
-def largest_eigenvalue(gram: torch.Tensor, steps: int = 30) -> torch.Tensor:
-    """Power iteration on symmetric positive semi-definite `[R, t, t]` → `[R]`, rounded up by 1% (a safe step)."""
-    v = torch.ones(gram.shape[:2], dtype=gram.dtype) / gram.shape[1] ** 0.5
-    for _ in range(steps):
-        v = (gram @ v[..., None])[..., 0]
-        v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    return ((gram @ v[..., None])[..., 0] * v).sum(-1).clamp_min(1e-12) * 1.01
-
-
-def omp(attention: torch.Tensor, t: int, iterations: int = 30) -> tuple[torch.Tensor, torch.Tensor]:
-    """Orthogonal matching pursuit on the masses: t times, keep the entry whose attention column best matches the
-    mass still missing (1 − P_S w per query), then refit w ≥ 0 on the kept ones. → (index [R, t], w [R, t])."""
-    rows, m, n = attention.shape
-    chosen = torch.zeros(rows, n, dtype=torch.bool)
-    norms = attention.norm(dim=1).clamp_min(1e-12)  # [R, n]
-    index = torch.empty(rows, 0, dtype=torch.long)
-    weights = torch.empty(rows, 0)
-    residual = torch.ones(rows, m)
-    for _ in range(t):
-        fit = ((attention * residual[..., None]).sum(1) / norms).masked_fill(chosen, float("-inf"))
-        pick = fit.argmax(-1)
-        chosen[torch.arange(rows), pick] = True
-        index = torch.cat([index, pick[:, None]], dim=1)
-        kept = attention.gather(2, index[:, None, :].expand(-1, m, -1))
-        weights = nnls(kept, iterations, torch.cat([weights, torch.ones(rows, 1)], dim=1))
-        residual = 1.0 - (kept @ weights[..., None])[..., 0]
-    order = index.argsort(-1)
-    return index.gather(1, order), weights.gather(1, order)
-
-
-def ridge_values(readout: SpanReadout, compaction: Compaction, ridge: float) -> torch.Tensor:
-    """V' = argmin ‖P' V' − O‖² + λ‖V' − V_kept‖², P' the compact attention (with its biases), O the span's
-    read-outs; λ = ridge × the mean diagonal of P'ᵀP' (so `ridge` does not depend on the query count)."""
-    scores = readout.queries @ compaction.keys(readout).transpose(1, 2) + compaction.bias[:, None, :]
-    p = scores.softmax(-1)  # [R, m, t]
-    gram = p.transpose(1, 2) @ p
-    lam = ridge * gram.diagonal(dim1=1, dim2=2).mean(-1).clamp_min(1e-12)[:, None, None]
-    eye = torch.eye(gram.shape[-1])[None]
-    rhs = p.transpose(1, 2) @ readout.outputs() + lam * compaction.values
-    return solve_spd(gram + lam * eye, rhs)
-
-
-def solve_spd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """x with a x = b for symmetric positive definite `a` `[batch, n, n]` and `b` `[batch, n, k]`, by Cholesky.
-
-    Not `torch.linalg.solve`: on CPU builds with MKL, its batched LU returns garbage, or fails on its pivots, for
-    batches of a few hundred-row systems when torch runs more than one thread (tests/test_anchors.py holds such a
-    case); Cholesky is right for these systems and cheaper."""
-    return torch.cholesky_solve(b, torch.linalg.cholesky(a))

@@ -7,8 +7,8 @@ to the span's value variance, plus the squared error of its log-normaliser, so t
 later tokens is kept as well as the read-out. No embedding is involved: it is an upper bound in KV space for any
 method that stores t entries per head, not a cache a model could have produced.
 
-Rows are prepared one layer at a time (each reference query's attention over the whole span `[kv_heads, m, n]` is
-the largest tensor, as in `compact`); the descent then needs only the span's read-outs and log-normalisers.
+Rows are prepared one at a time (a row's attention over the whole span is the largest tensor, held a chunk of queries
+at a time as in `compact`); the descent then needs only the span's read-outs and log-normalisers.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.compaction import SpanReadout, _fit
+from vkv.compress.compaction import SpanReadout, fit_row, row_stats
 from vkv.kv.segment import MASKED
 
 INITS = ("keep", "fit")
-NNLS_ITERATIONS = 300  # compact's: the same fit as attention matching's
 
 
 @dataclass
@@ -62,7 +61,7 @@ def optimise_entries(
     init: str = "fit",
     steps: int = 100,
     lr: float = 1e-2,
-    ridge: float = 1e-2,
+    ridge: float = 0.0,
     device: torch.device | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> FreeEntries:
@@ -70,7 +69,8 @@ def optimise_entries(
     at span-relative `index` `[R, t]` (`real` `[R, t]` bool: False marks a padding slot).
 
     `init="keep"` starts from the entries' own keys and values with bias 0; `"fit"` from attention matching's fit on
-    the same entries (β by NNLS, values by ridge least squares). Then `steps` Adam steps on keys, values and biases
+    the same entries (the reference's bounded NNLS biases, least-squares values, `ridge` pulling them toward the
+    entries' own). Then `steps` Adam steps on keys, values and biases
     jointly, on `device` (default CPU); each row keeps its best iterate, since a step may raise its loss.
     `on_step(step, loss)` sees the mean loss over rows before each step (and after the last). Float32 and
     deterministic: nothing is drawn at random. Returned tensors are on the CPU."""
@@ -80,28 +80,22 @@ def optimise_entries(
     if index.shape != real.shape or index.shape[0] != rows:
         raise ValueError(f"index {tuple(index.shape)} and real {tuple(real.shape)} must be [{rows}, t]")
     device = torch.device("cpu") if device is None else device
-    bias_rule, values_rule = ("fit", "refit") if init == "fit" else ("none", "keep")
     layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
     targets, starts = [], []
     for layer in layers:
         part = readout.rows(layer)
         part = SpanReadout(part.queries.float(), part.keys.float(), part.values.float())
-        scores = part.scores()  # [kv_heads, m, n]: the largest tensor, one layer's at a time
-        attention = scores.softmax(-1)
-        start = _fit(
-            part, attention, index[layer], real[layer], None, bias_rule, values_rule, ridge, NNLS_ITERATIONS, n
-        )
-        starts.append((start.keys(part), start.values, start.bias))
+        stats = [row_stats(q, k, v) for q, k, v in zip(part.queries, part.keys, part.values)]
+        starts.extend(_start(part, stats, index[layer], real[layer], init, ridge))
         targets.append(
             _LayerTarget(
                 part.queries.to(device),
-                (attention @ part.values).to(device),
-                scores.logsumexp(-1).to(device),
+                torch.stack([s.outputs for s in stats]).to(device),
+                torch.stack([s.log_max + s.mass.log() for s in stats]).to(device),
                 part.values.var().clamp_min(1e-8).to(device),
             )
         )
-        del scores, attention
-    start_keys, start_values, start_bias = (torch.cat(s) for s in zip(*starts))
+    start_keys, start_values, start_bias = (torch.stack(s) for s in zip(*starts))
     mask = real.to(device)
     # A padding slot's bias is a finite 0 under a mask applied in every forward, not a −inf parameter: its gradient
     # is then exactly 0 and Adam never moves it (nor its key and value, which no query attends to).
@@ -144,3 +138,16 @@ def optimise_entries(
         start_loss.cpu(),
         best_loss.cpu(),
     )
+
+
+def _start(part: SpanReadout, stats: list, index: torch.Tensor, real: torch.Tensor, init: str, ridge: float) -> list:
+    """Each row's start (keys `[t, D]`, values `[t, D]`, bias `[t]`) from its entries `index` `[r, t]` (`real` its
+    slots that hold entries): their own keys and values with bias 0, or with `fit` attention matching's fit on them
+    (the bounded NNLS biases and least-squares values of highest-attention keys); padding keeps its own, at −inf."""
+    out = []
+    for q, k, v, row, idx, held in zip(part.queries, part.keys, part.values, stats, index, real):
+        values, bias = v[idx].clone(), torch.zeros(len(idx)).masked_fill(~held, MASKED)
+        if init == "fit":
+            bias[held], values[held] = fit_row(q, k, v, row, idx[held], "rms", "nnls", "refit", ridge)
+        out.append((k[idx], values, bias))
+    return out

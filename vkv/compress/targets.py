@@ -195,7 +195,9 @@ def compaction_targets(
     keys = torch.stack([lm.rotate(k.to(lm.device), positions).float().cpu() for k in acts.keys_pre_rope])
     queries = attention_targets(lm, acts, torch.zeros(1), ATTENTION_QUERIES).queries
     readout = SpanReadout.per_head(queries, keys, acts.values)
-    result = compact(readout, k, bias="shared", values="refit", kv_heads=kv_heads, head_budget=head_budget)
+    result = compact(
+        readout, k, "mean", bias="shared", values="refit", ridge=1e-2, kv_heads=kv_heads, head_budget=head_budget
+    )
     shape = (layers, kv_heads, k, dim)
     return result.keys(readout).reshape(shape), result.values.reshape(shape), result.index.mode(dim=0).values
 
