@@ -2,6 +2,8 @@
 
 The public API, imported on first use (so `import vkv` stays light):
 
+    cache = vkv.compress(model, tokenizer, messages, method="kvzip", ratio=8.0)   # any transformers causal LM
+    model.generate(ids, past_key_values=cache)                # ids: the whole conversation's, then the new ones
     lm = vkv.load_model("smollm2-135m")                       # a FrozenLM
     spliced = vkv.compress_span(lm, ids, start, end, 3.2, vkv.CompressConfig())    # at 3.2 span tokens per entry
     vkv.save_cache(spliced, "c.safetensors"); vkv.load_cache("c.safetensors", lm)
@@ -10,8 +12,21 @@ The public API, imported on first use (so `import vkv` stays light):
 """
 
 from importlib import import_module
+from types import ModuleType
 
 __version__ = "0.1.0"
+
+
+class _CallablePackage(ModuleType):
+    """The package `vkv.compress` (an empty `__init__`, so importing it costs nothing), callable as the function
+    `vkv.compress_api.compress`: a plain function named `compress` here would be replaced by the subpackage as
+    soon as any of its modules is imported."""
+
+    def __call__(self, *args, **kwargs):
+        return import_module("vkv.compress_api").compress(*args, **kwargs)
+
+
+import_module("vkv.compress").__class__ = _CallablePackage
 
 _API = {
     "load_model": "vkv.lm.load",
@@ -32,7 +47,7 @@ _API = {
     "load_transcript": "vkv.text.transcript",
     "get_method": "vkv.methods",
 }
-__all__ = ["__version__", *_API]
+__all__ = ["__version__", "compress", *_API]
 
 
 def __getattr__(name: str):

@@ -12,7 +12,9 @@ itself; `generate_inputs(prompt)` builds what `generate()` expects for that leng
 
 Attention over this layout is `vkv.lm.ragged_attention`, registered with transformers' AttentionInterface: `update()`
 returns the dense keys tagged with their layer (attribute `RAGGED_TAG`), which is how that function finds the flat
-entries and the biases. Padding to the longest head exists only inside it, as one layer's temporary.
+entries and the biases. Padding to the longest head exists only inside it, as one layer's temporary. Those keys are
+`RaggedKeys`: any other attention that computes on them raises a VkvError naming the fix (and the update is undone),
+since reading them alone would answer as if the compressed entries were not there.
 """
 
 from __future__ import annotations
@@ -29,6 +31,49 @@ from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment
 
 RAGGED_TAG = "vkv_ragged_layer"  # the attribute of the keys `update()` returns that names their RaggedLayer
+
+
+class RaggedKeys(torch.Tensor):
+    """The keys a RaggedLayer's `update()` returns, `[batch, kv_heads, fed, head_dim]`: only the tokens fed since the
+    layer was built, so an attention that read them alone would answer as if the compressed entries were not there.
+    vkv's attention function reads the layer they name (`RAGGED_TAG`) as a plain tensor (`plain()`); any other
+    computation on them raises, naming the fix, instead of answering without the context."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in _METADATA:  # shape, dtype, device, size: what a caller checks before it computes
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        for keys in [*args, *(kwargs or {}).values()]:
+            if isinstance(keys, RaggedKeys):
+                keys.undo()
+        raise VkvError(
+            "this model's attention does not read a RaggedCache and would ignore its compressed entries: call "
+            "vkv.use_ragged_attention(model) once before using the cache (vkv.compress does), with the model "
+            "loaded with attn_implementation='sdpa' or 'eager'"
+        )
+
+    def undo(self) -> None:
+        """Remove the tokens the `update()` that returned these keys appended (once), so that a refused forward
+        leaves the cache as it was."""
+        fed = getattr(self, "vkv_fed", 0)
+        if fed:
+            self.vkv_fed = 0
+            getattr(self, RAGGED_TAG).crop(-fed)
+
+    def plain(self) -> torch.Tensor:
+        """The same keys as an ordinary tensor (no copy), for vkv's attention function."""
+        return self.as_subclass(torch.Tensor)
+
+
+_METADATA = (
+    torch.Tensor.shape.__get__,
+    torch.Tensor.dtype.__get__,
+    torch.Tensor.device.__get__,
+    torch.Tensor.size,
+    torch.Tensor.dim,
+    torch.Tensor.__repr__,
+)
 
 
 class RaggedLayer(CacheLayerMixin):
@@ -79,13 +124,15 @@ class RaggedLayer(CacheLayerMixin):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Append the new tokens' K/V `[batch, kv_heads, n, head_dim]` to those fed since the layer was built; returns
-        them all, the keys tagged with this layer for the attention function (which reads the built entries too)."""
+        them all, the keys as RaggedKeys tagged with this layer for vkv's attention function (which reads the built
+        entries too; any other attention raises on them)."""
         if key_states.shape[0] != self.new_keys.shape[0] and self.new_keys.shape[0] == 1:  # first feed of a batch
             self.batch_repeat_interleave(key_states.shape[0])
         self.new_keys = torch.cat([self.new_keys, key_states.to(self.keys.dtype)], dim=-2)
         self.new_values = torch.cat([self.new_values, value_states.to(self.values.dtype)], dim=-2)
-        keys = self.new_keys.view_as(self.new_keys)
+        keys = self.new_keys.as_subclass(RaggedKeys)  # read by vkv's attention only: others raise, never ignore us
         setattr(keys, RAGGED_TAG, self)
+        keys.vkv_fed = key_states.shape[-2]  # what `undo()` removes if an attention other than vkv's refuses them
         return keys, self.new_values
 
     def get_seq_length(self) -> int:
@@ -95,7 +142,14 @@ class RaggedLayer(CacheLayerMixin):
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """The mask transformers builds covers the tokens fed since the layer was built and the new ones, at logical
         indices from `position` on (so a 2-d padding mask over the whole logical length is read where it belongs);
-        every built entry is visible to every new token, with its bias."""
+        every built entry is visible to every new token, with its bias. No new token is a caller's mistake, refused:
+        `generate()` skips as already cached the first `get_seq_length()` ids it is given."""
+        if query_length == 0:
+            raise VkvError(
+                f"no new tokens reach the cache, which covers {self.get_seq_length()} positions: model.generate() "
+                "skips that many ids as already cached, so pass the whole conversation's ids (the chat template's, "
+                "compressed part included) followed by the new ones"
+            )
         return self.appended + query_length, self.position
 
     def get_max_length(self) -> int:

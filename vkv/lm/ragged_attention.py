@@ -126,8 +126,11 @@ def attention_function(name: str):
     base = IMPLEMENTATIONS[name][0]
 
     def attention(module, query, key, value, attention_mask, **kwargs):
-        if getattr(key, RAGGED_TAG, None) is not None:
-            return ragged_attention(module, query, key, value, attention_mask, **kwargs)
+        layer = getattr(key, RAGGED_TAG, None)
+        if layer is not None:
+            keys = key.plain()
+            setattr(keys, RAGGED_TAG, layer)
+            return ragged_attention(module, query, keys, value, attention_mask, **kwargs)
         return base(module, query, key, value, attention_mask, **kwargs)
 
     return attention

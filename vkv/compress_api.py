@@ -1,0 +1,108 @@
+"""`vkv.compress`: a conversation compressed by any KV method into a cache a plain transformers model decodes on.
+
+    cache = vkv.compress(model, tokenizer, messages, method="kvzip", ratio=8.0)
+    ids = tokenizer.apply_chat_template(messages + [question], add_generation_prompt=True, return_tensors="pt")
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=64)   # `cache=cache` from transformers 5.24
+
+The work is the eval's, step for step (`vkv.evals.runner.span_work`, `vkv.lm.splice.splice`), so a cache built here
+scores exactly as `vkv eval` scores the method. The cache is a RaggedCache: it holds the compressed entries only and
+reports the conversation's logical length (`get_seq_length()`), so new tokens take the positions the original ones
+would; `generate()`, given the whole conversation's ids as transformers expects when it continues a cache, feeds only
+the ids after that length and never reads the covered ones. `copy.deepcopy(cache)` is an independent copy, for asking
+several questions of one compressed conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from vkv.errors import VkvError
+from vkv.evals.runner import span_work
+from vkv.kv.ragged import RaggedCache
+from vkv.lm.frozen import FrozenLM
+from vkv.lm.splice import splice
+from vkv.methods import METHODS, get_method
+from vkv.methods.base import TextMethod
+from vkv.text.transcript import Transcript, parse_transcript, render
+
+QUANTS_BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def compress(
+    model,
+    tokenizer,
+    messages: Transcript | Sequence[Mapping[str, Any]],
+    method: str = "kvzip",
+    ratio: float = 8.0,
+    turns: tuple[int, int] | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> RaggedCache:
+    """Compress messages [first, last) of a conversation (`turns`; default every message after the leading system
+    message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
+    transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
+    optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
+    dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`). Returns the decoding cache on the
+    model's device and in its dtype, of `get_seq_length()` = the conversation's rendered length.
+
+    The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
+    mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
+    chosen = _kv_method(method, options)
+    transcript = messages if isinstance(messages, Transcript) else _transcript(messages)
+    lm = frozen(model, tokenizer)
+    rendered = render(transcript, tokenizer)
+    lm.check_positions(len(rendered.ids), f"the conversation ({len(rendered.ids)} tokens)", "compress fewer messages")
+    first, last = turns or transcript.default_span()
+    if not 0 <= first < last <= len(transcript.messages):
+        raise VkvError(
+            f"field turns: ({first}, {last}) is not a non-empty range of the {len(transcript.messages)} messages"
+        )
+    start, end = rendered.token_span(first, last)
+    work = span_work(lm, transcript, rendered, start, end, seed)
+    torch.manual_seed(seed)
+    segment = chosen.compress(work, ratio if chosen.uses_ratio else 1.0)
+    return lm.ragged_cache(splice(lm, work.kv, start, end, segment, rendered.ids[end:]))
+
+
+def frozen(model, tokenizer) -> FrozenLM:
+    """vkv's view of a loaded transformers model (no copy): its precision read from how it was loaded."""
+    if getattr(model, "is_loaded_in_8bit", False):
+        quant = "8bit"
+    elif getattr(model, "is_loaded_in_4bit", False):
+        quant = "4bit"
+    else:
+        quant = QUANTS_BY_DTYPE.get(model.dtype, str(model.dtype).replace("torch.", ""))
+    name = getattr(model.config, "name_or_path", "") or type(model).__name__
+    return FrozenLM(model, tokenizer, name=name, quant=quant, device=model.device)
+
+
+def _kv_method(name: str, options: dict[str, Any]):
+    """The registered KV method `name` with `options`, refusing text methods and options it does not have."""
+    supported = ", ".join(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod))
+    if name not in METHODS:
+        raise VkvError(f"unknown method '{name}'; vkv.compress supports {supported}")
+    cls = METHODS[name]
+    if issubclass(cls, TextMethod):
+        raise VkvError(
+            f"method '{name}' prunes the messages' text, not the KV cache, so it has no cache to return; prune "
+            f"with `vkv prune` and prefill the shorter text, or use one of {supported}"
+        )
+    unknown = sorted(set(options) - set(cls.option_names()))
+    if unknown:
+        raise VkvError(
+            f"method '{name}' has no option {', '.join(unknown)}; its options are "
+            f"{', '.join(cls.option_names()) or 'none'}"
+        )
+    return get_method(name, **options)
+
+
+def _transcript(messages: Sequence[Mapping[str, Any]]) -> Transcript:
+    """Role/content dicts as a Transcript (validated as a transcript file's messages are)."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise VkvError("field messages: pass a list of {'role': ..., 'content': ...} dicts or a vkv Transcript")
+    return parse_transcript(
+        {"id": "messages", "messages": [dict(m) if isinstance(m, Mapping) else m for m in messages]}, source="messages"
+    )
