@@ -134,46 +134,51 @@ def _quality_axes(ax, xs: list[float], x_key: str) -> None:
 
 def draw_distance(columns: list[str], cells: dict, table_rows: list[dict], path: Path) -> bool:
     """Retention by distance bucket: one panel per requested ratio, one line per method variant run at it, intervals
-    as error bars; each panel names the variants that have no point there and why."""
+    as error bars, one legend for every panel (a variant keeps its colour and marker); the footnote names the
+    variants each panel does not draw and why."""
     import matplotlib.pyplot as plt  # optional dependency, as above
 
     ratios = sorted({ratio for (_, ratio) in cells if ratio})
     if len(columns) < 2 or not ratios:
         return False
     variants = sorted({r["variant"] for r in table_rows if r["method"] not in REFERENCES})
+    windows = {(r["variant"], r["ratio_requested"]): r.get("windows", 0) for r in table_rows}
     cols = min(3, len(ratios))
     rows_ = math.ceil(len(ratios) / cols)
-    fig, axes = plt.subplots(rows_, cols, figsize=(6.5 * cols, 5.2 * rows_ + 0.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows_, cols, figsize=(6.5 * cols, 4.6 * rows_ + 1.2), squeeze=False, sharey=True)
+    handles, notes = {}, []
     for ax, ratio in zip(axes.flat, ratios):
         missing = []
         for index, variant in enumerate(variants):
             row = cells.get((variant, ratio))
             if row is None:
-                run_at = any(r["variant"] == variant and r["ratio_requested"] == ratio for r in table_rows)
-                missing.append(f"{variant}: {'no distances recorded' if run_at else 'not run at this ratio'}")
+                run_at = (variant, ratio) in windows
+                missing.append(f"{variant} ({'no distances recorded' if run_at else 'not run'})")
                 continue
             points = [(i, row[c]) for i, c in enumerate(columns) if c in row]
             errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
-            label = window_label(variant, min(c.windows for _, c in points))
             xs, ys = [i for i, _ in points], [c.mean for _, c in points]
-            ax.errorbar(xs, ys, yerr=errors, capsize=3, label=label, **style(index))
-        ax.set_xticks(range(len(columns)), [f"{c} tokens" for c in columns])
-        ax.set_xlabel("distance from a question's latest evidence to the span's end")
+            drawn = ax.errorbar(xs, ys, yerr=errors, capsize=3, **style(index))
+            handles.setdefault(window_label(variant, windows.get((variant, ratio), 0)), drawn)
+        ax.set_xticks(range(len(columns)), columns)
+        ax.set_xlabel("tokens from a question's latest evidence to the span's end")
         ax.set_ylabel("mean retention of usable questions")
         ax.set_title(f"requested ratio {ratio:g}×")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
         if missing:
-            ax.text(0, -0.2, "not drawn: " + "; ".join(missing), transform=ax.transAxes, fontsize=7, va="top",
-                    color="#444444", wrap=True)  # fmt: skip
+            notes.append(f"not drawn at {ratio:g}×: " + "; ".join(missing))
     means = [v for row in cells.values() for c in row.values() for v in (c.low, c.high)]
     axes[0, 0].set_ylim(min([0.0, *means]) - 0.05, max([1.0, *means]) + 0.05)  # shared by every panel
     for ax in list(axes.flat)[len(ratios) :]:
         ax.axis("off")
-    windows = [c.windows for row in cells.values() for c in row.values()]
-    notes = [f"{INTERVALS}. Full context (retention 1) and no context (0) are not drawn."]
-    _footnote(fig, notes + few_windows_note(windows))
-    fig.tight_layout(rect=(0, 0.05, 1, 1), h_pad=3)
+    fig.legend(handles.values(), handles.keys(), loc="upper center", ncol=2, fontsize=7)
+    lines = [f"{INTERVALS}. Full context (retention 1) and no context (0) are not drawn.", *notes]
+    lines += few_windows_note(list(windows.values()))
+    _footnote(fig, lines)
+    width, height = fig.get_size_inches()
+    wrapped = sum(math.ceil(len(line) / (15 * width)) for line in lines)  # about 15 characters an inch at size 8
+    top = (0.15 * math.ceil(len(handles) / 2) + 0.2) / height  # the legend's rows, about 0.15 inch each
+    fig.tight_layout(rect=(0, (0.15 * wrapped + 0.1) / height, 1, 1 - top), h_pad=2)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
