@@ -1,6 +1,7 @@
-"""The README's Python example runs as written."""
+"""The README's examples run as written."""
 
 import re
+import shlex
 
 import pytest
 
@@ -9,15 +10,50 @@ from tests.conftest import ROOT
 
 @pytest.mark.integration
 def test_the_readme_python_example_runs(test_model_dir, tmp_path, monkeypatch):
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- python-api -->\n```python\n(.*?)```", text, re.S)
-    assert match, "README.md lost its <!-- python-api --> example"
     monkeypatch.chdir(tmp_path)
     printed = []
-    exec(compile(match.group(1), "README.md", "exec"), {"print": lambda *a: printed.append(" ".join(map(str, a)))})
+    exec(
+        compile(readme_block("python-api", "python"), "README.md", "exec"),
+        {"print": lambda *a: printed.append(" ".join(map(str, a)))},
+    )
     assert len(printed) == 5 and re.fullmatch(r"\d+ bytes to decode on, for \d+ tokens", printed[0])
     nbytes, tokens = map(int, re.findall(r"\d+", printed[0]))
     layers, heads, dim = 30, 3, 64  # smollm2-135m: what the uncompressed conversation's K/V take in fp32
     assert nbytes < tokens * layers * heads * 2 * dim * 4 / 2 and (tmp_path / "session.safetensors").is_file()
     assert printed[1] == printed[3]  # the saved and loaded session answer alike
     assert printed[4].strip()  # transformers' generate() on the loaded RaggedCache answers
+
+
+def readme_block(marker: str, language: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\n```{language}\n(.*?)```", text, re.S)
+    assert match, f"README.md lost its <!-- {marker} --> block"
+    return match.group(1)
+
+
+def test_the_readme_is_a_guide_with_both_quickstarts_on_its_first_screens():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    assert all(any(f"<!-- {m} -->" in line for line in lines[:60]) for m in ("cli-quickstart", "python-api"))
+
+
+@pytest.mark.integration
+def test_the_readme_command_line_quickstart_runs_as_written(test_model_dir, tmp_path, monkeypatch, capsys):
+    from vkv.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "transcripts").symlink_to(ROOT / "transcripts")
+    for line in readme_block("cli-quickstart", "bash").strip().splitlines():
+        words = shlex.split(line)
+        assert words[0] == "vkv", line
+        assert main(words[1:]) == 0, line
+    printed = capsys.readouterr().out
+    assert (tmp_path / "taskapi.safetensors").is_file() and "kvzip" in printed
+
+
+@pytest.mark.integration
+def test_the_readme_plain_transformers_example_runs(test_model_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    printed = []
+    exec(compile(readme_block("python-compress", "python"), "README.md", "exec"), {"print": printed.append})
+    assert len(printed) == 1 and printed[0].strip()  # an answer read from the compressed cache

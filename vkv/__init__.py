@@ -30,6 +30,7 @@ import_module("vkv.compress").__class__ = _CallablePackage
 
 _API = {
     "load_model": "vkv.lm.load",
+    "model_path": "vkv.lm.zoo",
     "FrozenLM": "vkv.lm.frozen",
     "CompressConfig": "vkv.compress.config",
     "OptimConfig": "vkv.compress.optimise",
