@@ -324,3 +324,17 @@ def test_runs_at_several_ratios_share_the_ratio_free_work_and_still_count_its_ti
     assert second["seconds"] >= 0.3  # ... and its time still counts what a run at 3x alone would take
     expected = alone.evaluate(get_method(name, **options), 3.0)
     assert second["questions"] == expected["questions"]
+
+
+def test_kvzip_and_am_on_one_work_share_one_reconstruction_pass(tiny_llama, monkeypatch):
+    runs = []
+    real = ReconstructionPass.__dict__["run"].__func__
+    monkeypatch.setattr(
+        ReconstructionPass, "run", classmethod(lambda cls, *a, **k: runs.append(1) or real(cls, *a, **k))
+    )
+    evaluation = TranscriptEval(
+        tiny_llama, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=2)
+    )
+    evaluation.evaluate(get_method("kvzip"), 2.0)
+    evaluation.evaluate(get_method("am", on_policy=False), 2.0)
+    assert len(runs) == 1  # am's reference queries are the read-out kvzip scored from

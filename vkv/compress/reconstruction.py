@@ -110,23 +110,18 @@ class ReconstructionPass:
             lo += piece
         return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
-    def reference_queries(self, lm: FrozenLM, count: int) -> torch.Tensor:
-        """`count` evenly spaced read-out queries per query head, post-RoPE at their positions and scaled by
-        1/sqrt(head_dim), grouped under their KV head: `[layers, kv_heads, group * count, head_dim]`."""
-        n = self.queries.shape[2]
-        picked = torch.linspace(0, n - 1, min(count, n)).round().long().unique()
-        layers, heads, _, dim = self.queries.shape
-        kv_heads = lm.spec.num_kv_heads
-        out = []
-        for layer in range(layers):
-            q = lm.rotate(self.queries[layer, :, picked].to(lm.device).float(), self.positions[picked]).cpu()
-            out.append(q.reshape(kv_heads, heads // kv_heads * len(picked), dim) * dim**-0.5)
-        return torch.stack(out)
+
+def reconstruction_pass(work, chunk: int = DEFAULT_CHUNK) -> ReconstructionPass:
+    """The work's read-out with its scores (normalised over the context), run once per work and chunk: kvzip's and
+    vkv's scores and am's and kvopt's reference queries all come from it."""
+    return work.reuse(("reconstruction pass", chunk), lambda: ReconstructionPass.run(work, chunk, score=True))
 
 
 def reconstruction_scores(work, chunk: int = DEFAULT_CHUNK, normalise: str = "context") -> torch.Tensor:
     """KVzip's importance of each of the work's span entries `[layers, kv_heads, n]`, computed once per work, chunk
     and normalisation (runs at several ratios, and every method that ranks by it, share the pass)."""
+    if normalise == "context":
+        return reconstruction_pass(work, chunk).scores
     return work.reuse(
         ("reconstruction scores", chunk, normalise),
         lambda: ReconstructionPass.run(work, chunk, score=True, normalise=normalise).scores,

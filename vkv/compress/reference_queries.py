@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from vkv.compress.reconstruction import ReconstructionPass
+from vkv.compress.reconstruction import reconstruction_pass
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import setting
@@ -60,11 +60,6 @@ def grouped(lm: FrozenLM, queries: torch.Tensor) -> torch.Tensor:
     """Post-RoPE queries `[heads, k, head_dim]` → scaled, under their KV heads `[kv_heads, group * k, head_dim]`."""
     heads, k, dim = queries.shape
     return queries.float().cpu().reshape(lm.spec.num_kv_heads, heads // lm.spec.num_kv_heads * k, dim) * dim**-0.5
-
-
-def reconstruction_pass(work, chunk: int) -> ReconstructionPass:
-    """The work's read-out (its queries), run once per work and chunk length."""
-    return work.reuse(("reconstruction pass", chunk), lambda: ReconstructionPass.run(work, chunk))
 
 
 def repeat_queries(work, chunk: int, cap: int) -> torch.Tensor:

@@ -20,10 +20,9 @@ from vkv.compress.compaction import (
 from vkv.compress.compaction import row_stats as stats_of
 from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.on_policy import FitOptions, compact_on_policy
-from vkv.compress.reconstruction import chunk_setting
+from vkv.compress.reconstruction import chunk_setting, reconstruction_pass
 from vkv.compress.reference_queries import (
     cap_setting,
-    reconstruction_pass,
     reference_queries,
     source_setting,
     token_subset,
