@@ -91,20 +91,22 @@ class Chat:
 
     def exchange(self, question: str, **overrides: Any) -> None:
         """Answer `question` and keep the exchange; Ctrl-C stops the answer and keeps nothing of it."""
-        before = Snapshot.of(self.session, question)
-        try:
+        before = None
+        try:  # the snapshot too: a Ctrl-C right after the question may land while it is taken
+            before = Snapshot.of(self.session, question)
             answer, looped = self.answer(question, **overrides)
             self.session.extend(
                 [{"role": "user", "content": question}, {"role": "assistant", "content": answer or "…"}]
             )
+            if looped:
+                errors.print("[dim](the answer began to repeat itself: stopped, only the text before the loop kept)[/]")
+            if not self.interactive:
+                print(answer, flush=True)
         except KeyboardInterrupt:
-            before.restore(self.session)
+            if before is not None:
+                before.restore(self.session)
             errors.print("\n[yellow]answer stopped[/]; the session is as it was before the question")
             return
-        if looped:
-            errors.print("[dim](the answer began to repeat itself: stopped, and only the text before the loop kept)[/]")
-        if not self.interactive:
-            print(answer, flush=True)
         self.history.append(before)
         self.unsaved += 1
         self.uncompressed += 2
