@@ -4,7 +4,9 @@ of running them again after a change of how a method's settings are spelled (not
 Each run's recorded grid point is read in today's spelling (`head_share` → `head_budget`, `all` → `shared`;
 `sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and settings), its
 method is rebuilt with today's code and its identity's config replaced by the method's config now; the id is the
-hash of that identity. A run whose point today's code refuses is reported and left as it is.
+hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a setting it
+recorded has another value today (a changed default changes what the run would do; only settings added since, at
+their defaults, may appear).
 
     python scripts/remap_run_ids.py runs/benchmark            # show what would change
     python scripts/remap_run_ids.py runs/benchmark --write    # rewrite results*.jsonl in place (atomically)
@@ -47,6 +49,10 @@ def remapped(record: dict) -> dict:
     point = upgraded_point(record["run"])
     identity = {**record["identity"], "config": build_method(point).config()}
     identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
+    before, now = upgraded_point(record["identity"]["config"]), identity["config"]
+    changed = sorted(k for k in before if k not in now or now[k] != before[k])
+    if changed:
+        raise VkvError("settings mean something else today: " + ", ".join(f"{k} {before[k]!r} → {now.get(k, 'gone')!r}" for k in changed))
     return {**record, "run_id": identity_hash(identity), "run": point, "identity": identity}
 
 
