@@ -52,7 +52,10 @@ def remapped(record: dict) -> dict:
     before, now = upgraded_point(record["identity"]["config"]), identity["config"]
     changed = sorted(k for k in before if k not in now or now[k] != before[k])
     if changed:
-        raise VkvError("settings mean something else today: " + ", ".join(f"{k} {before[k]!r} → {now.get(k, 'gone')!r}" for k in changed))
+        raise VkvError(
+            "settings mean something else today: "
+            + ", ".join(f"{k} {before[k]!r} → {now.get(k, 'gone')!r}" for k in changed)
+        )
     return {**record, "run_id": identity_hash(identity), "run": point, "identity": identity}
 
 

@@ -15,10 +15,11 @@ from vkv.backends.lamr.cli import CorpusCommandConfig, TrainCommandConfig
 from vkv.cli import build_parser
 from vkv.cli.ask import AskConfig
 from vkv.cli.chat import ChatConfig
-from vkv.cli.compress import CompressCommand, recipe_from_args
-from vkv.cli.eval import EvalCommand, given_options, method_options
-from vkv.cli.eval import build_method as build_method_from_flags
+from vkv.cli.compress import CompressCommand
+from vkv.cli.eval import EvalCommand
 from vkv.cli.inspect import InspectConfig
+from vkv.cli.method_flags import build_method as build_method_from_flags
+from vkv.cli.method_flags import given_options, method_options, recipe_from_args
 from vkv.cli.models import FetchConfig
 from vkv.cli.prune import PruneConfig
 from vkv.cli.render import RenderConfig
@@ -88,6 +89,7 @@ def subparser(parser: argparse.ArgumentParser, words: list[str]) -> argparse.Arg
 def missing_flags(parser: argparse.ArgumentParser, config: type, skip=()) -> list[str]:
     """Fields of `config` with no flag in `parser`, or whose flag's default differs from the field's."""
     flags = {option: action for action in parser._actions for option in action.option_strings}
+    shared = {"--" + key.replace("_", "-") for key in method_options()}  # unset (None): each method's own default
     problems = []
     for key, _, default in leaves(config):
         flag = "--" + key.replace("_", "-")
@@ -96,7 +98,7 @@ def missing_flags(parser: argparse.ArgumentParser, config: type, skip=()) -> lis
             continue
         if flag not in flags:
             problems.append(f"{config.__name__}.{key}: no {flag}")
-        elif flags[flag].default != default:
+        elif flags[flag].default != default and not (flag in shared and flags[flag].default is None):
             problems.append(f"{config.__name__}.{key}: {flag} defaults to {flags[flag].default!r}, not {default!r}")
         elif isinstance(default, bool) and "--no-" + flag[2:] not in flags:
             problems.append(f"{config.__name__}.{key}: no --no-{flag[2:]}")
@@ -117,9 +119,14 @@ def test_every_field_of_the_config_is_a_flag_with_its_default(words, required, c
 @pytest.mark.parametrize(("words", "required", "config", "skip"), COMMANDS, ids=IDS)
 def test_a_command_without_optional_flags_builds_the_default_config(words, required, config, skip):
     given = [word for key, value in required.items() for word in ("--" + key.replace("_", "-"), value)]
-    built = from_args(config, build_parser().parse_args(words + given))
+    args = build_parser().parse_args(words + given)
+    if config is MultiTurnConfig:  # as the commands build it: validated, its resolved defaults filled in
+        built, defaults = recipe_from_args(args), MultiTurnConfig().validate()
+    else:
+        built, defaults = from_args(config, args), None
     for key, path, default in leaves(config):
-        assert value_at(built, path) == required.get(key, default), f"{config.__name__}.{key}"
+        expected = value_at(defaults, path) if defaults else default
+        assert value_at(built, path) == required.get(key, expected), f"{config.__name__}.{key}"
 
 
 @pytest.mark.parametrize("config", sorted({c for _, _, c, _ in COMMANDS}, key=lambda c: c.__name__))

@@ -14,18 +14,21 @@ several questions of one compressed conversation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from vkv.compress.budget import span_budget
 from vkv.errors import VkvError
 from vkv.evals.runner import span_work
+from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.ragged import RaggedCache
+from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
 from vkv.methods import METHODS, get_method
-from vkv.methods.base import TextMethod
+from vkv.methods.base import Method, TextMethod
 from vkv.text.transcript import Transcript, parse_transcript, render
 
 QUANTS_BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -53,18 +56,50 @@ def compress(
     chosen = _kv_method(method, options)
     transcript = messages if isinstance(messages, Transcript) else _transcript(messages)
     lm = frozen(model, tokenizer)
-    rendered = render(transcript, tokenizer)
+    return lm.ragged_cache(compress_with(lm, transcript, turns or transcript.default_span(), chosen, ratio, seed))
+
+
+def compress_with(
+    lm: FrozenLM,
+    transcript: Transcript,
+    turns: tuple[int, int],
+    method: Method,
+    ratio: float,
+    seed: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SplicedCache:
+    """Messages [turns[0], turns[1]) of `transcript` compressed by a registered KV method, as `vkv eval` does it
+    (span_work, then Method.compress with the torch seed set, then splice): the spliced cache of the whole
+    rendering, with the metadata a cache file records (model, transcript, method, its config and the ratio)."""
+    if isinstance(method, TextMethod) or method.question_aware:
+        raise VkvError(
+            f"method '{method.name}' "
+            + ("prunes text, so it has no cache" if isinstance(method, TextMethod) else "needs the questions")
+            + "; it is scored by `vkv eval` only"
+        )
+    rendered = render(transcript, lm.tokenizer)
     lm.check_positions(len(rendered.ids), f"the conversation ({len(rendered.ids)} tokens)", "compress fewer messages")
-    first, last = turns or transcript.default_span()
+    first, last = turns
     if not 0 <= first < last <= len(transcript.messages):
         raise VkvError(
             f"field turns: ({first}, {last}) is not a non-empty range of the {len(transcript.messages)} messages"
         )
     start, end = rendered.token_span(first, last)
+    if method.uses_ratio:
+        span_budget(end - start, ratio)  # refused before the prefill
     work = span_work(lm, transcript, rendered, start, end, seed)
     torch.manual_seed(seed)
-    segment = chosen.compress(work, ratio if chosen.uses_ratio else 1.0)
-    return lm.ragged_cache(splice(lm, work.kv, start, end, segment, rendered.ids[end:]))
+    segment = method.compress(work, ratio if method.uses_ratio else 1.0, on_step)
+    spliced = splice(lm, work.kv, start, end, segment, rendered.ids[end:])
+    spliced.meta = cache_metadata(
+        lm,
+        transcript=transcript_record(transcript, (first, last), len(rendered.ids)),
+        method=method.name,
+        config=method.config(),
+        ratio=ratio if method.uses_ratio else None,
+        seed=seed,
+    )
+    return spliced
 
 
 def frozen(model, tokenizer) -> FrozenLM:

@@ -99,7 +99,7 @@ def one_sentence(exc: BaseException) -> str | None:
 
 def __getattr__(name: str):
     if name == "recipe_from_args":  # imported on first use: it needs the recipe's configs, and so torch
-        from vkv.cli.compress import recipe_from_args
+        from vkv.cli.method_flags import recipe_from_args
 
         return recipe_from_args
     raise AttributeError(f"module 'vkv.cli' has no attribute {name!r}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from vkv.cli.chat_loop import Chat
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
-from vkv.cli.compress import add_recipe_args, recipe_from_args
+from vkv.cli.method_flags import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO
 from vkv.compress.session import Session, message_dict
 from vkv.errors import VkvError

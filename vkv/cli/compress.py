@@ -1,4 +1,4 @@
-"""`vkv compress`: a transcript span into virtual tokens, saved as a cache file."""
+"""`vkv compress`: a transcript span into virtual tokens, or by any registered KV method, saved as a cache file."""
 
 from __future__ import annotations
 
@@ -8,15 +8,24 @@ from dataclasses import dataclass
 import torch
 
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
+from vkv.cli.method_flags import (
+    add_method_args,
+    add_recipe_args,
+    build_method,
+    given_options,
+    recipe_flags,
+    recipe_from_args,
+)
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
-from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 from vkv.compress.single import compress_transcript, render_within_positions
+from vkv.compress_api import compress_with
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
+from vkv.methods import METHODS
 from vkv.progress import status, step_bar
-from vkv.settings import add_arguments, flat_settings, from_args, from_flat, nested, setting
+from vkv.settings import add_arguments, flat_settings, from_args, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows
 
@@ -27,6 +36,12 @@ class CompressCommand:
     CompressConfig's and MultiTurnConfig's)."""
 
     model: ModelConfig = nested(ModelConfig)
+    method: str = setting(
+        "vkv",
+        "vkv's virtual tokens (the recipe's flags below), or any KV method of the registry, compressed as `vkv eval` "
+        "does it (its options: `vkv eval --help`)",
+        choices=lambda: kv_methods(),
+    )
     ratio: float = setting(DEFAULT_RATIO, "span tokens per entry (above 1)", minimum=1, above=True)
     span: str | None = setting(None, "turns:A-B (inclusive message indices); default: all after the system message")
     sequential: bool = setting(False, "compress each message of the span on its own, in order")
@@ -44,28 +59,19 @@ class CompressCommand:
     json: str | None = setting(None, "also write the summary, config and per-layer loss here")
 
 
-def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per setting of vkv's recipe (CompressConfig) and of its multi-turn use (MultiTurnConfig), from their
-    fields (vkv.settings), less `skip`."""
-    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig, skip)
-    recipe = {s.key for s in flat_settings(CompressConfig)}
-    add_arguments(p.add_argument_group("multi-turn"), MultiTurnConfig, (*recipe, *skip))
+def kv_methods() -> tuple[str, ...]:
+    """The registered methods that compress the KV cache (text methods prune the messages instead)."""
+    from vkv.methods import METHODS
+    from vkv.methods.base import TextMethod
 
-
-def recipe_flags(args: argparse.Namespace) -> dict:
-    """The recipe's settings the flags give, by flat key (a flag left at None keeps the field's default)."""
-    return {
-        s.key: getattr(args, s.key) for s in flat_settings(MultiTurnConfig) if getattr(args, s.key, None) is not None
-    }
-
-
-def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
-    """The recipe the flags give."""
-    return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
+    return tuple(name for name, cls in METHODS.items() if not issubclass(cls, TextMethod))
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
     command, plan = from_args(CompressCommand, args), recipe_from_args(args)
+    given = given_options(args, [METHODS[command.method]])
+    if command.method != "vkv":
+        return _compress_registered(command, args, plan, given)
     config = plan.compress
     check_store(command.store, plan)
     transcript = load_transcript(args.transcript)
@@ -111,6 +117,45 @@ def cmd_compress(args: argparse.Namespace) -> int:
             "config": config.to_dict(),
             "segments": spliced.table(),
             "per_layer_loss": virtual.stats["per_layer_loss"],
+        },
+    )
+    return 0
+
+
+def _compress_registered(command: CompressCommand, args: argparse.Namespace, plan, given) -> int:
+    """Any registered KV method, through the same steps as `vkv eval` (vkv.compress_api.compress_with)."""
+    name, cls = command.method, METHODS[command.method]
+    defaults = {s.key: s.default for s in flat_settings(MultiTurnConfig)}
+    recipe_given = [k for k, v in recipe_flags(args).items() if k != "seed" and v != defaults[k]]
+    if recipe_given and cls.recipe_class is None:
+        raise VkvError(
+            f"--{recipe_given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{name}' has none"
+        )
+    for flag, on in (("--sequential", command.sequential), ("--store embeddings", command.store != "kv")):
+        if on:
+            per_turn = " (its per-turn mode: --per-turn)" if "per_turn" in cls.option_names() else ""
+            raise VkvError(f"{flag} is for vkv's virtual tokens, not method '{name}'{per_turn}")
+    method = build_method(cls, plan, args, given)
+    transcript = load_transcript(args.transcript)
+    if command.window:
+        transcript = _pick_window(
+            tokenizer_for(command.model.model, command.model.device), transcript, command.window, command.window_index
+        )
+    turns = parse_turn_span(command.span, transcript)
+    lm = load_model_from(command.model)
+    with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} by {name}"):
+        spliced = compress_with(lm, transcript, turns, method, command.ratio, plan.compress.optim.seed)
+    save_cache(spliced, command.out)
+    rows = report_rows(read_header(command.out))
+    console.print(report_table(rows))
+    write_json(
+        command.json,
+        {
+            "method": name,
+            "ratio": command.ratio,
+            "config": method.config(),
+            "segments": spliced.table(),
+            "report": rows,
         },
     )
     return 0
@@ -175,8 +220,11 @@ def _pick_window(tokenizer, transcript, max_tokens: int, index: int):
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compress", help="compress a transcript span into virtual tokens; save a cache file")
+    p = sub.add_parser(
+        "compress", help="compress a transcript span (virtual tokens, or any KV method); save a cache file"
+    )
     p.set_defaults(run=cmd_compress, outputs=("out", "json"))
     p.add_argument("transcript")
     add_arguments(p, CompressCommand)
-    add_recipe_args(p)
+    add_recipe_args(p, skip=("head_budget",))  # one --head-budget flag, with the methods' options below
+    add_method_args(p)

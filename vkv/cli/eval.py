@@ -9,16 +9,15 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import ModelConfig, console, load_model_from, write_json
-from vkv.cli.compress import add_recipe_args, recipe_flags, recipe_from_args
+from vkv.cli.method_flags import add_method_args, add_recipe_args, build_method, given_options, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
-from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
 from vkv.progress import counted, status, step_bar
-from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_args, from_flat, nested, setting
+from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows, window_transcript
 
@@ -112,97 +111,6 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
                     results.append(evaluation.evaluate(method, ratio))
             done()
     return results
-
-
-# ---- method options as flags ----------------------------------------------------------------------------------
-
-TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
-
-
-@dataclass(frozen=True)
-class MethodOption:
-    """A method option as a flag: `setting.key` is the flag's key, `field` the dataclass field it sets in `owners`."""
-
-    setting: Setting
-    field: str
-    owners: tuple[str, ...]
-
-
-def method_options() -> dict[str, MethodOption]:
-    """Every option of a registered method declared with `setting`, by flag key: the field's name, or
-    `<method>_<name>` where `vkv eval` has a flag of that name itself. An option several methods share (head_budget,
-    per_turn, mass, …) is one flag; its default is each method's own."""
-    out: dict[str, MethodOption] = {}
-    for cls in METHODS.values():
-        for s in flat_settings(cls):
-            if not s.help:  # not declared with setting(): a config object (recipe, verbatim) or internal state
-                continue
-            key = f"{cls.name}_{s.key}" if s.key in TAKEN else s.key
-            if key in out:
-                out[key] = dataclasses.replace(out[key], owners=(*out[key].owners, cls.name))
-            else:
-                out[key] = MethodOption(dataclasses.replace(s, key=key), s.key, (cls.name,))
-    return out
-
-
-def add_method_args(p: argparse.ArgumentParser) -> None:
-    """One flag per method option, default None: unset, each method keeps its own default."""
-    group = p.add_argument_group("method options (each given to the methods that have it; unset: their own default)")
-    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
-    for option in method_options().values():
-        s = option.setting
-        owners = {o: _default(METHODS[o], option.field) for o in option.owners}
-        if s.key in recipe:
-            owners["vkv's recipe"] = _default(MultiTurnConfig, s.key)
-        if len({repr(d) for d in owners.values()}) > 1:  # say whose default is which
-            owners = {f"{o}: {d}": d for o, d in owners.items()}
-        help_text = f"{s.help} ({', '.join(owners)})"
-        if isinstance(s.default, bool):
-            group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            kind = type(s.default) if s.default is not None else str
-            group.add_argument(s.flag, type=bounded(kind, s.minimum, s.above), choices=s.allowed(), help=help_text)
-
-
-def _default(cls, key: str):
-    """The default of `cls`'s setting `key` (nested settings by their flat key)."""
-    return next(s.default for s in flat_settings(cls) if s.key == key)
-
-
-def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOption]:
-    """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
-    names = [c.name for c in classes]
-    recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
-    if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
-        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
-        if lacking:
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
-            raise VkvError(
-                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
-                "is the method sequential)"
-            )
-    given = {}
-    for key, option in method_options().items():
-        if getattr(args, key, None) is None:
-            continue
-        if not set(option.owners) & set(names) and key not in recipe_keys:
-            raise VkvError(
-                f"{option.setting.flag}: none of the methods {', '.join(names)} has it ({', '.join(option.owners)} do)"
-            )
-        given[key] = option
-    return given
-
-
-def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: dict[str, MethodOption]):
-    """`cls` with the part of the recipe it takes and the options given that it has."""
-    options = {o.field: getattr(args, key) for key, o in given.items() if cls.name in o.owners}
-    if cls.recipe_class is MultiTurnConfig:
-        options["recipe"] = recipe
-    elif cls.recipe_class is not None:  # its own class: defaults that depend on the recipe are its own
-        options["recipe"] = from_flat(cls.recipe_class, recipe_flags(args)).validate()
-    if "verbatim" in cls.option_names():
-        options["verbatim"] = recipe.verbatim
-    return cls(**options)
 
 
 def _print_eval(results: list[dict], rows: list[dict]) -> None:

@@ -1,0 +1,125 @@
+"""Methods and vkv's recipe as command-line flags, declared once by their dataclass fields: one flag per setting of
+vkv's recipe (CompressConfig, MultiTurnConfig) and one per option of a registered method (an option several methods
+share is one flag; unset, each method keeps its own default). `vkv eval`, `vkv compress` and `vkv chat` build their
+methods through here."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+from vkv.compress.config import CompressConfig
+from vkv.compress.sequential import MultiTurnConfig
+from vkv.errors import VkvError
+from vkv.methods import METHODS
+from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat
+
+
+def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per setting of vkv's recipe (CompressConfig) and of its multi-turn use (MultiTurnConfig), from their
+    fields (vkv.settings), less `skip`."""
+    add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig, skip)
+    recipe = {s.key for s in flat_settings(CompressConfig)}
+    add_arguments(p.add_argument_group("multi-turn"), MultiTurnConfig, (*recipe, *skip))
+
+
+def recipe_flags(args: argparse.Namespace) -> dict:
+    """The recipe's settings the flags give, by flat key (a flag left at None keeps the field's default)."""
+    return {
+        s.key: getattr(args, s.key) for s in flat_settings(MultiTurnConfig) if getattr(args, s.key, None) is not None
+    }
+
+
+def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
+    """The recipe the flags give."""
+    return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
+
+
+TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
+
+
+@dataclass(frozen=True)
+class MethodOption:
+    """A method option as a flag: `setting.key` is the flag's key, `field` the dataclass field it sets in `owners`."""
+
+    setting: Setting
+    field: str
+    owners: tuple[str, ...]
+
+
+def method_options() -> dict[str, MethodOption]:
+    """Every option of a registered method declared with `setting`, by flag key: the field's name, or
+    `<method>_<name>` where `vkv eval` has a flag of that name itself. An option several methods share (head_budget,
+    per_turn, mass, …) is one flag; its default is each method's own."""
+    out: dict[str, MethodOption] = {}
+    for cls in METHODS.values():
+        for s in flat_settings(cls):
+            if not s.help:  # not declared with setting(): a config object (recipe, verbatim) or internal state
+                continue
+            key = f"{cls.name}_{s.key}" if s.key in TAKEN else s.key
+            if key in out:
+                out[key] = dataclasses.replace(out[key], owners=(*out[key].owners, cls.name))
+            else:
+                out[key] = MethodOption(dataclasses.replace(s, key=key), s.key, (cls.name,))
+    return out
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    """One flag per method option, default None: unset, each method keeps its own default."""
+    group = p.add_argument_group("method options (each given to the methods that have it; unset: their own default)")
+    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
+    for option in method_options().values():
+        s = option.setting
+        owners = {o: _default(METHODS[o], option.field) for o in option.owners}
+        if s.key in recipe:
+            owners["vkv's recipe"] = _default(MultiTurnConfig, s.key)
+        if len({repr(d) for d in owners.values()}) > 1:  # say whose default is which
+            owners = {f"{o}: {d}": d for o, d in owners.items()}
+        help_text = f"{s.help} ({', '.join(owners)})"
+        if isinstance(s.default, bool):
+            group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            kind = type(s.default) if s.default is not None else str
+            group.add_argument(s.flag, type=bounded(kind, s.minimum, s.above), choices=s.allowed(), help=help_text)
+
+
+def _default(cls, key: str):
+    """The default of `cls`'s setting `key` (nested settings by their flat key)."""
+    return next(s.default for s in flat_settings(cls) if s.key == key)
+
+
+def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOption]:
+    """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
+    names = [c.name for c in classes]
+    recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
+    if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
+        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
+        if lacking:
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
+            raise VkvError(
+                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
+                "is the method sequential)"
+            )
+    given = {}
+    for key, option in method_options().items():
+        if getattr(args, key, None) is None:
+            continue
+        if not set(option.owners) & set(names) and key not in recipe_keys:
+            raise VkvError(
+                f"{option.setting.flag}: none of the methods {', '.join(names)} has it ({', '.join(option.owners)} do)"
+            )
+        given[key] = option
+    return given
+
+
+def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: dict[str, MethodOption]):
+    """`cls` with the part of the recipe it takes and the options given that it has."""
+    options = {o.field: getattr(args, key) for key, o in given.items() if cls.name in o.owners}
+    if cls.recipe_class is MultiTurnConfig:
+        options["recipe"] = recipe
+    elif cls.recipe_class is not None:  # its own class: defaults that depend on the recipe are its own
+        options["recipe"] = from_flat(cls.recipe_class, recipe_flags(args)).validate()
+    if "verbatim" in cls.option_names():
+        options["verbatim"] = recipe.verbatim
+    return cls(**options)
