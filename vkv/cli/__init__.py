@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "models",
     "tools",
     "render",
+    "importer",
     "compress",
     "inspect",
     "ask",

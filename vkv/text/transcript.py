@@ -160,8 +160,8 @@ def _message(m: Any, where: _Where, prefix: str) -> Message:
     role = m["role"]
     if role not in ROLES:
         where.fail(f"{prefix}.role", f"unknown role {role!r} (expected one of {', '.join(ROLES)})")
-    content = _string(m, "content", where, prefix)
     calls = m.get("tool_calls", [])
+    content = _string(m, "content", where, prefix, empty_ok=bool(calls))  # a message may be its tool calls alone
     if not isinstance(calls, list):
         where.fail(f"{prefix}.tool_calls", "must be a list")
     tool_calls = tuple(_tool_call(c, where, f"{prefix}.tool_calls[{j}]") for j, c in enumerate(calls))

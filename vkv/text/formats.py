@@ -1,0 +1,246 @@
+"""Conversations in the formats agent builders keep them, read into vkv transcripts.
+
+- `openai`: chat-completions messages, a JSON list or a request body's `messages` (system/developer, user,
+  assistant with `tool_calls` whose `arguments` is a JSON string, `tool` with `tool_call_id`); content a string or
+  a list of text parts.
+- `anthropic`: a Messages request body (`system`, `messages`), content a string or blocks: `text`, `tool_use`
+  (an assistant's call), `tool_result` (in a user turn: becomes a `tool` message naming the call's tool).
+- `jsonl-log`: an agent session log, one JSON object per line: a message in either shape above, or an envelope
+  holding one under `message` (as coding-agent session logs write them); lines that hold no message (summaries,
+  events) are skipped and counted.
+
+Tool calls and results become a transcript's `tool_calls` and `tool` messages, so the model's chat template renders
+them as it renders its own. Reasoning blocks (`thinking`, `redacted_thinking`) are dropped and counted: chat templates
+do not render them for past turns. Anything else (images, documents, unknown block types) is refused with the field
+it sits in: vkv compresses text, and a conversation is never silently shortened. Questions are not part of any of
+these formats; an imported transcript compresses, chats and answers, and `vkv eval` refuses it until questions are
+added.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vkv.errors import VkvError
+from vkv.text.transcript import parse_transcript
+
+FORMATS = ("openai", "anthropic", "jsonl-log")
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
+BLOCKS_OF_ANTHROPIC = ("tool_use", "tool_result", *DROPPED_BLOCKS)  # a log line holding one is read as Anthropic's
+
+
+@dataclass
+class Imported:
+    """A transcript as a JSON-ready dict, and what the reader left out (by kind, counted)."""
+
+    transcript: dict[str, Any]
+    skipped: Counter = field(default_factory=Counter)
+
+
+def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = None) -> Imported:
+    """Read `path` in format `fmt` into a validated transcript (id: `transcript_id`, default the file's stem)."""
+    if fmt not in FORMATS:
+        raise VkvError(f"--from {fmt!r}: choose one of {', '.join(FORMATS)}")
+    p = Path(path)
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise VkvError(f"{p}: not UTF-8 text (byte {exc.start})") from None
+    reader = _Reader(str(p))
+    if fmt == "jsonl-log":
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                reader.log_line(_json(line, f"{p}:{number}"), f"line {number}")
+    else:
+        data = _json(text, str(p))
+        reader.openai(data) if fmt == "openai" else reader.anthropic(data)
+    if not reader.messages:
+        raise VkvError(f"{p}: no messages found in it as {fmt}")
+    transcript = {
+        "id": transcript_id or p.stem,
+        "description": f"imported from {p.name} ({fmt})",
+        "messages": reader.messages,
+    }
+    parse_transcript(transcript, source=str(p))  # what vkv would refuse is refused now, naming the file
+    return Imported(transcript, reader.skipped)
+
+
+def _json(text: str, where: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VkvError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except RecursionError:
+        raise VkvError(f"{where}: JSON nested too deeply to be a conversation") from None
+
+
+class _Reader:
+    """Messages appended in order; tool results named after the call they answer."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.messages: list[dict[str, Any]] = []
+        self.tool_names: dict[str, str] = {}  # call id → tool name
+        self.skipped: Counter = Counter()
+        self.last_id: str | None = None  # the previous log line's message id
+
+    def fail(self, where: str, problem: str):
+        raise VkvError(f"{self.source}: field {where}: {problem}")
+
+    # ---- OpenAI chat completions ----------------------------------------------------------------
+    def openai(self, data: Any) -> None:
+        messages = data.get("messages") if isinstance(data, dict) else data
+        if not isinstance(messages, list):
+            self.fail("messages", "expected a list of messages, or an object with a 'messages' list")
+        for i, m in enumerate(messages):
+            self.openai_message(m, f"messages[{i}]")
+
+    def openai_message(self, m: Any, where: str) -> None:
+        if not isinstance(m, dict):
+            self.fail(where, "must be an object")
+        role = m.get("role")
+        text = self.openai_content(m.get("content"), f"{where}.content")
+        if role in ("system", "developer", "user"):
+            self.add("system" if role == "developer" else role, text)
+        elif role == "assistant":
+            calls = []
+            for j, call in enumerate(m.get("tool_calls") or []):
+                calls.append(self.openai_call(call, f"{where}.tool_calls[{j}]"))
+            self.add("assistant", text, calls)
+        elif role in ("tool", "function"):
+            name = m.get("name") or self.tool_names.get(m.get("tool_call_id", ""))
+            self.add("tool", text, name=name)
+        else:
+            self.fail(f"{where}.role", f"unknown role {role!r} (expected system, developer, user, assistant or tool)")
+
+    def openai_content(self, content: Any, where: str) -> str:
+        if content is None or isinstance(content, str):
+            return content or ""
+        if not isinstance(content, list):
+            self.fail(where, "must be a string or a list of content parts")
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif kind in ("refusal",) and isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+            else:
+                self.fail(f"{where}[{j}]", f"a {kind or 'non-text'} part; vkv compresses text only")
+        return "\n".join(parts)
+
+    def openai_call(self, call: Any, where: str) -> dict[str, Any]:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            self.fail(where, "expected {'function': {'name': ..., 'arguments': ...}}")
+        arguments = function.get("arguments") or "{}"
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                self.fail(f"{where}.function.arguments", "is not a JSON object")
+        if not isinstance(arguments, dict):
+            self.fail(f"{where}.function.arguments", "is not a JSON object")
+        if isinstance(call.get("id"), str):
+            self.tool_names[call["id"]] = function["name"]
+        return {"name": function["name"], "arguments": arguments}
+
+    # ---- Anthropic Messages ---------------------------------------------------------------------
+    def anthropic(self, data: Any) -> None:
+        if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+            self.fail("messages", "expected an object with a 'messages' list (a Messages request body)")
+        if data.get("system"):
+            self.add("system", self.anthropic_text(data["system"], "system"))
+        for i, m in enumerate(data["messages"]):
+            self.anthropic_message(m, f"messages[{i}]")
+
+    def anthropic_message(self, m: Any, where: str) -> None:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            self.fail(f"{where}.role", "expected a user or assistant message")
+        content = m.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            self.fail(f"{where}.content", "must be a string or a list of content blocks")
+        texts, calls = [], []
+        for j, block in enumerate(blocks):
+            at = f"{where}.content[{j}]"
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text":
+                texts.append(block.get("text") or "")
+            elif kind == "tool_use" and m["role"] == "assistant":
+                if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                    self.fail(at, "a tool_use block needs a name and an input object")
+                self.tool_names[str(block.get("id"))] = block["name"]
+                calls.append({"name": block["name"], "arguments": block.get("input", {})})
+            elif kind == "tool_result" and m["role"] == "user":
+                if texts:  # keep the order: text written before a result is its own user message
+                    self.add("user", "\n".join(texts))
+                    texts = []
+                result = self.anthropic_text(block.get("content") or "", f"{at}.content")
+                prefix = "[error] " if block.get("is_error") else ""
+                self.add("tool", prefix + result, name=self.tool_names.get(str(block.get("tool_use_id"))))
+            elif kind in DROPPED_BLOCKS:
+                self.skipped[f"{kind} blocks"] += 1
+            else:
+                self.fail(at, f"a {kind or 'malformed'} block in a {m['role']} message; vkv compresses text only")
+        if texts or calls:
+            self.add(m["role"], "\n".join(texts), calls)
+
+    def anthropic_text(self, content: Any, where: str) -> str:
+        if isinstance(content, str):
+            return content
+        if not isinstance(content, list):
+            self.fail(where, "must be a string or a list of text blocks")
+        texts = []
+        for j, block in enumerate(content):
+            if not (isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)):
+                kind = block.get("type") if isinstance(block, dict) else None
+                self.fail(f"{where}[{j}]", f"a {kind or 'malformed'} block; vkv compresses text only")
+            texts.append(block["text"])
+        return "\n".join(texts)
+
+    # ---- JSON-lines session logs -----------------------------------------------------------------
+    def log_line(self, record: Any, where: str) -> None:
+        message = record.get("message") if isinstance(record, dict) else None
+        if isinstance(message, dict) and "role" in message:
+            record = message
+        if not isinstance(record, dict) or "role" not in record:
+            kind = record.get("type") if isinstance(record, dict) else type(record).__name__
+            self.skipped[f"lines without a message ({kind})"] += 1
+            return
+        content, before = record.get("content"), len(self.messages)
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in BLOCKS_OF_ANTHROPIC for b in content
+        ):
+            self.anthropic_message(record, where)
+        else:
+            self.openai_message(record, where)
+        # one response logged as several lines (a line per content block) is one assistant message
+        same = record.get("id") is not None and record.get("id") == self.last_id
+        if (
+            same
+            and before > 0
+            and len(self.messages) == before + 1
+            and self.messages[before - 1]["role"] == "assistant"
+        ):
+            part, whole = self.messages.pop(), self.messages[before - 1]
+            whole["content"] = "\n".join(t for t in (whole["content"], part["content"]) if t)
+            if part.get("tool_calls"):
+                whole["tool_calls"] = whole.get("tool_calls", []) + part["tool_calls"]
+        self.last_id = record.get("id")
+
+    # ---- output -------------------------------------------------------------------------------------
+    def add(self, role: str, text: str, calls: list | None = None, name: str | None = None) -> None:
+        if not text.strip() and not calls:
+            self.skipped["empty messages"] += 1
+            return
+        message: dict[str, Any] = {"role": role, "content": text}
+        if calls:
+            message["tool_calls"] = calls
+        if name:
+            message["name"] = name
+        self.messages.append(message)
