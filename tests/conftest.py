@@ -41,7 +41,7 @@ def smol8(test_model_dir) -> FrozenLM:
 
 def build_tiny(arch: str, tokenizer, seed: int = 0, layers: int = 3) -> FrozenLM:
     """A random model of the given architecture, small enough for unit tests."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     torch.manual_seed(seed)
     common = dict(
@@ -55,7 +55,13 @@ def build_tiny(arch: str, tokenizer, seed: int = 0, layers: int = 3) -> FrozenLM
         tie_word_embeddings=True,
         attn_implementation="sdpa",
     )
-    config = LlamaConfig(**common, rope_theta=10000.0) if arch == "llama" else Qwen2Config(**common)
+    configs = {
+        "llama": lambda: LlamaConfig(**common, rope_theta=10000.0),
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=16),  # q/k RMS norms per head
+        "mistral": lambda: MistralConfig(**common, sliding_window=None),
+    }
+    config = configs[arch]()
     model = AutoModelForCausalLM.from_config(config).float()
     return FrozenLM(model, tokenizer, name=f"tiny-{arch}", quant="fp32", device=torch.device("cpu"))
 
