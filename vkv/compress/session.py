@@ -22,8 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from vkv.compress.autoratio import segment_loss
-from vkv.compress.budget import DEFAULT_RATIO, span_budget
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, Turn, append_verbatim, compress_virtual_turns
+from vkv.compress.budget import DEFAULT_RATIO, allocate, span_budget
+from vkv.compress.sequential import (
+    FullHistory,
+    MultiTurnConfig,
+    Turn,
+    append_verbatim,
+    compress_turns,
+    compress_virtual_turns,
+)
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, read_header, save_cache
 from vkv.kv.report import cache_rows, report_totals
@@ -113,25 +120,48 @@ class Session:
             )
 
     # ---- compressing ----------------------------------------------------------------------------------
-    def compress(self, turns: tuple[int, int] | None = None, ratio: float | None = None) -> list[Segment]:
+    def compress(
+        self, turns: tuple[int, int] | None = None, ratio: float | None = None, method: Any = None
+    ) -> list[Segment]:
         """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
         compressed one, the leading system message excepted) at `ratio` (default: DEFAULT_RATIO; none with
-        auto-ratio, which chooses one per turn)."""
+        auto-ratio, which chooses one per turn). `method`: vkv's virtual tokens with this session's recipe (None), or
+        a registered KV method with a budget (`vkv.get_method("kvzip")`, `…("snapkv", head_budget="uniform")`, …),
+        each message compressed as its per-turn mode does it, on the running cache."""
         self._require_per_message("compress again")
         first, last = self._range(turns)
         config = self.config
-        if ratio is not None and config.auto_ratio:
+        if ratio is not None and config.auto_ratio and method is None:
             raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
         span = self.turns[first:last]
-        budget = None if config.auto_ratio else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
+        by_vkv = method is None
+        budget = (
+            None if config.auto_ratio and by_vkv else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
+        )
         cache = SplicedCache(self.cache.segments[:first], span[0].start)  # the session changes only on success
-        history = None
-        if config.target_source == "oracle":
-            history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
-        segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history)
+        if by_vkv:
+            history = None
+            if config.target_source == "oracle":
+                history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
+            segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history)
+        else:
+            segments = compress_turns(
+                self.lm, self.ids, span, cache, allocate([t.length for t in span], budget), self._turns_by(method), True
+            )
         append_verbatim(self.lm, cache, self.ids, self.turns[last:])
         self.cache = cache
         return segments
+
+    def _turns_by(self, method: Any):
+        """A registered method's per-message compressor on this conversation, refused when it has none."""
+        name = getattr(method, "name", repr(method))
+        if not hasattr(method, "turn_compressor") or getattr(method, "question_aware", False):
+            raise VkvError(
+                f"method {name!r} cannot compress a session's messages: pass a registered KV method with a budget, "
+                "e.g. vkv.get_method('kvzip') (text methods, references and question-aware settings have none)"
+            )
+        starts, roles = [t.start for t in self.turns], [m.role for m in self.messages]
+        return method.turn_compressor(self.lm, self.ids, starts, roles, self.config.compress.optim.seed)
 
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
         compressed = [i for i, s in enumerate(self.cache.segments) if s.kind != "verbatim"]

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.lm.frozen import FrozenLM
-from vkv.methods.turns import compress_per_turn
+from vkv.methods.turns import compress_per_turn, turn_compressor
 from vkv.methods.work import SpanWork, TextWork
 from vkv.settings import check_value, flat_settings, setting
 
@@ -62,6 +62,12 @@ class BudgetMethod(Method):
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment | SegmentGroup:
         raise NotImplementedError
+
+    def turn_compressor(self, lm, ids: list[int], message_starts: list[int], message_roles: list[str], seed: int = 0):
+        """This method compressing one message at a time on a running cache (`compress_turns`'s `compress_turn`):
+        what `Session.compress(method=...)` runs."""
+        self.check()
+        return turn_compressor(lm, ids, message_starts, message_roles, seed, self.compress_to)
 
 
 @dataclass

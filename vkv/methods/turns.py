@@ -13,6 +13,7 @@ from vkv.compress.budget import allocate
 from vkv.compress.sequential import Turn, TurnView, compress_turns, message_turns
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
+from vkv.lm.frozen import FrozenLM
 from vkv.methods.work import SpanWork, TurnWork
 
 
@@ -20,10 +21,24 @@ def compress_per_turn(work: SpanWork, budget: int, compress_to: Callable[[SpanWo
     """`compress_to(turn_work, entries)` for each message in order, each on the cache the earlier ones left; the
     messages share `budget` entries."""
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-
-    def compress_turn(history: SplicedCache, turn: Turn, view: TurnView, entries: int) -> Segment:
-        return compress_to(TurnWork.on_view(work, history, turn, view), entries)
-
+    compress_turn = turn_compressor(work.lm, work.ids, work.message_starts, work.message_roles, work.seed, compress_to)
     budgets = allocate([t.length for t in turns], budget)
     segments = compress_turns(work.lm, work.ids, turns, work.prefix_cache(), budgets, compress_turn, queries=True)
     return SegmentGroup(segments, {"per_turn": True, "turns": len(segments)})
+
+
+def turn_compressor(
+    lm: FrozenLM,
+    ids: list[int],
+    message_starts: list[int],
+    message_roles: list[str],
+    seed: int,
+    compress_to: Callable[[SpanWork, int], Segment],
+) -> Callable[[SplicedCache, Turn, TurnView, int], Segment]:
+    """The `compress_turn` of `compress_turns` for a method's `compress_to`: each message, as the running cache's
+    loop feeds it, given to the method as a TurnWork (the per-turn eval's and a Session's one path)."""
+
+    def compress_turn(history: SplicedCache, turn: Turn, view: TurnView, entries: int) -> Segment:
+        return compress_to(TurnWork.fed(lm, ids, message_starts, message_roles, seed, history, turn, view), entries)
+
+    return compress_turn

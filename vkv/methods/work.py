@@ -160,16 +160,32 @@ class TurnWork(SpanWork):
     @classmethod
     def on_view(cls, work: SpanWork, history: SplicedCache, turn: Turn, view: TurnView) -> TurnWork:
         """The turn as `view` holds it, fed on top of `history` (a copy is kept: the running cache grows later)."""
+        return cls.fed(work.lm, work.ids, work.message_starts, work.message_roles, work.seed, history, turn, view)
+
+    @classmethod
+    def fed(
+        cls,
+        lm: FrozenLM,
+        ids: list[int],
+        message_starts: list[int],
+        message_roles: list[str],
+        seed: int,
+        history: SplicedCache,
+        turn: Turn,
+        view: TurnView,
+    ) -> TurnWork:
+        """The turn of the conversation `ids` (its messages starting at `message_starts`) as `view` holds it, fed on
+        top of `history`; a copy of `history` is kept (the running cache grows later)."""
         return cls(
-            work.lm,
-            work.ids,
+            lm,
+            ids,
             turn.start,
             turn.end,
             view.kv,
             view.acts,
-            work.message_starts,
-            work.seed,
-            message_roles=work.message_roles,
+            message_starts,
+            seed,
+            message_roles=message_roles,
             kv_start=turn.start,
             history=history.fork(),
         )
