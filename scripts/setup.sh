@@ -12,3 +12,4 @@ python -m pip install -q "torch==${VKV_TORCH_VERSION:-2.13.0}"
 python -m pip install -q "transformers==${VKV_TRANSFORMERS_VERSION:-5.24.0}"
 python -m pip install -q -e ".[test,plots]"
 vkv models fetch smollm2-135m
+vkv --help > /dev/null  # writes the parser's description once, so the first command after setup starts fast
