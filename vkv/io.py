@@ -1,9 +1,12 @@
-"""Atomic file writes: a crash mid-write never leaves a half-written result or cache behind."""
+"""Files in and out. Reads of user-given files are bounded (size, nesting, regular files only), so /dev/zero, a FIFO
+or a gigabyte of brackets is one sentence, not a MemoryError, a hang or a RecursionError. Writes are atomic: a crash
+mid-write never leaves a half-written result or cache behind; an output never lands on one of the command's inputs."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +14,111 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
+
+INPUT_LIMIT_ENV = "VKV_MAX_INPUT_MB"
+DEFAULT_INPUT_MB = 64.0  # transcripts are tens of kB; parsed JSON takes several times its bytes, so 64 MB stays < 1 GB
+SOURCE_LIMIT_ENV = "VKV_MAX_SOURCE_MB"
+DEFAULT_SOURCE_MB = 2.0  # a file to prune: the tokenizer holds ~200 bytes per byte of text, so 2 MB is ~400 MB
+MAX_JSON_DEPTH = 100  # deeper than any transcript, sweep row or tool call needs; far below Python's recursion limit
+
+
+def limit_bytes(env: str = INPUT_LIMIT_ENV, default_mb: float = DEFAULT_INPUT_MB) -> int:
+    """The size limit in bytes: `env` in MB when set, else `default_mb`."""
+    text = os.environ.get(env)
+    if text is None or not text.strip():
+        return int(default_mb * 2**20)
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = float("nan")
+    if not mb > 0 or mb == float("inf"):
+        raise VkvError(f"{env}={text!r}: expected a positive number of megabytes")
+    return int(mb * 2**20)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def read_input(
+    path: str | os.PathLike, what: str, env: str = INPUT_LIMIT_ENV, default_mb: float = DEFAULT_INPUT_MB
+) -> bytes:
+    """The bytes of a user-given file, `what` (e.g. "transcript file"), refused in one sentence when it is missing, not a
+    regular file (a device such as /dev/zero, a FIFO, a directory) or larger than the limit (`env` raises it)."""
+    p = Path(path)
+    limit = limit_bytes(env, default_mb)
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer returns at once (then refused below) instead of waiting forever
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise VkvError(f"{p}: no such {what}") from None
+    except IsADirectoryError:
+        raise VkvError(f"{p}: the {what} is a directory, not a file") from None
+    except OSError as exc:
+        raise VkvError(f"{p}: cannot read the {what} ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise VkvError(f"{p}: the {what} is {_kind(mode)}, not a regular file; vkv reads only regular files")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(limit + 1)  # never more than the limit, even from a file that grows while read
+        except OSError as exc:
+            raise VkvError(f"{p}: cannot read the {what} ({exc.strerror})") from None
+    if len(data) > limit:
+        raise VkvError(
+            f"{p}: the {what} is larger than the limit of {limit / 2**20:g} MB; set {env} (in MB) to raise it"
+        )
+    return data
+
+
+def read_input_text(
+    path: str | os.PathLike, what: str, env: str = INPUT_LIMIT_ENV, default_mb: float = DEFAULT_INPUT_MB
+) -> str:
+    """`read_input` decoded as UTF-8; invalid bytes are one sentence naming the offset."""
+    data = read_input(path, what, env, default_mb)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise VkvError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
+
+
+def read_input_json(path: str | os.PathLike, what: str) -> Any:
+    """A user-given JSON file, bounded in size (`read_input`) and nesting (`parse_json`)."""
+    return parse_json(read_input_text(path, what), f"{path}", what)
+
+
+def parse_json(text: str | bytes, where: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """`json.loads` with a nesting limit: malformed or too deeply nested JSON is one sentence naming `where`."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise VkvError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
+    except RecursionError:  # the parser's own limit, hit before ours could be checked
+        raise VkvError(f"{where}: the {what} is JSON nested more than {max_depth} levels deep") from None
+    check_depth(data, where, what, max_depth)
+    return data
+
+
+def check_depth(data: Any, where: str, what: str, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """Refuse JSON data nested deeper than `max_depth` (checked without recursion: later code that walks it
+    recursively, json.dumps included, can then not hit Python's recursion limit)."""
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > max_depth:
+                raise VkvError(f"{where}: the {what} nests lists or objects more than {max_depth} levels deep")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 def check_writable(path: str | os.PathLike, field: str) -> None:

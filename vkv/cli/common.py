@@ -96,5 +96,6 @@ def tokenizer_for(name: str | None, device: str = "auto"):
     path, local = resolve_model_path(name)
     try:
         return AutoTokenizer.from_pretrained(path, local_files_only=local)
-    except OSError as exc:
-        raise VkvError(f"could not load the tokenizer of '{name}': {str(exc).splitlines()[0]}") from exc
+    except (OSError, ValueError) as exc:  # ValueError: files there that no installed tokenizer class can read
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise VkvError(f"could not load the tokenizer of '{name}': {reason}") from exc

@@ -17,6 +17,7 @@ from vkv.backends.lamr.cli import (
 )
 from vkv.backends.longcodezip.cli import prune_file
 from vkv.backends.longcodezip.settings import LongCodeZipSettings
+from vkv.backends.longcodezip.source import read_source
 from vkv.cli.common import ModelConfig, console, load_model_from
 from vkv.errors import VkvError
 from vkv.progress import status
@@ -74,6 +75,7 @@ def prune(path: str, config: PruneConfig) -> dict:
     what = {"query": config.query, "budget": config.budget, "ratio": config.ratio, "language": config.language}
     if config.backend == "longcodezip":
         settings = LongCodeZipSettings(rank_only=config.rank_only)
+        read_source(path)  # a missing, non-regular, oversized or undecodable file is refused before the model loads
         lm = load_model_from(config.model)
         return prune_file(path, **what, settings=settings, json_path=config.json, lm=lm)
 

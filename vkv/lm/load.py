@@ -71,6 +71,8 @@ def resolve_quant(quant: str, device: torch.device) -> str:
     return quant
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")  # one is enough to load one
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.safetensors.index.json", "*.bin.index.json")
 HUB_ID = re.compile(r"(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*")  # [owner/]name, as the Hugging Face hub spells them
 
 
@@ -84,6 +86,8 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise VkvError(f"model directory {path} has no config.json")
+        if not any((path / f).is_file() for f in TOKENIZER_FILES):  # every command needs the tokenizer first
+            raise VkvError(f"model directory {path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
         return str(path), True
     if not HUB_ID.fullmatch(name):  # dots are allowed: Qwen/Qwen2.5-Coder-7B-Instruct
         raise VkvError(f"unknown model '{name}': not an alias ({', '.join(zoo.ZOO)}), a directory, or a hub id")
@@ -115,6 +119,8 @@ def load_model(
     dev = resolve_device(device)
     q = resolve_quant(quant, dev)
     path, local = resolve_model_path(name)
+    if local and not any(any(Path(path).glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise VkvError(f"model directory {path} has no weights (no .safetensors or .bin file)")
     start = time.perf_counter()
     kwargs: dict[str, Any] = dict(attn_implementation=attn_implementation, local_files_only=local)
     kwargs.update(_quant_kwargs(q, dev))

@@ -18,6 +18,7 @@ import tomllib
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
+from vkv.io import check_depth, read_input_text
 from vkv.lm.load import QUANTS
 from vkv.methods import METHODS, get_method
 from vkv.settings import Setting, check_value, flat_settings, from_flat
@@ -68,12 +69,14 @@ class Experiment:
 
 def load_experiment(path: str | os.PathLike) -> Experiment:
     p = Path(path)
-    if not p.is_file():
-        raise VkvError(f"{p}: no such experiment file")
+    text = read_input_text(p, "experiment file")  # bounded; a device, FIFO or invalid UTF-8 is one sentence
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise VkvError(f"{p}: not valid TOML ({exc})") from None
+    except RecursionError:  # tomllib parses nested inline arrays recursively
+        raise VkvError(f"{p}: the experiment file nests arrays or tables more than Python can parse") from None
+    check_depth(data, str(p), "experiment file")
     _no_unknown(p, "the top level", data, TOP_KEYS)
     defaults = _table(p, data, "defaults")
     grids = data.get("grid", [{}])

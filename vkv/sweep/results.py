@@ -9,10 +9,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 
 from vkv.errors import VkvError
+from vkv.io import parse_json, read_input
 from vkv.sweep.grid import jsonable
 
 
@@ -36,13 +38,13 @@ def read_results(out: str | os.PathLike, name_glob: str = "results*.jsonl", late
 
 
 def _complete_lines(path: Path) -> list[dict]:
-    data = path.read_bytes()
+    data = read_input(path, "results file")  # bounded: a FIFO or device named results*.jsonl is refused
     body = data[: data.rfind(b"\n") + 1]  # a trailing partial line (a write cut by a crash) is not a result
     lines = []
     for number, raw in enumerate(body.splitlines(), 1):
         try:
-            line = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            line = parse_json(raw, f"{path}:{number}", "results line")
+        except (VkvError, UnicodeDecodeError):  # malformed, or nested deeper than any result: skipped like noise
             line = None
         if isinstance(line, dict):
             lines.append(line)
@@ -57,7 +59,10 @@ class ResultsFile:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO or device there would hang or swallow results
+            os.close(self.fd)
+            raise VkvError(f"{path}: the results file is not a regular file; remove it or give another --out")
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -66,9 +71,17 @@ class ResultsFile:
         self.cut_partial_line()
 
     def cut_partial_line(self) -> None:
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        if keep < len(data):
+        """Cut what follows the last newline, reading back from the end (a results file may be large)."""
+        size = end = os.fstat(self.fd).st_size
+        keep = 0
+        while end > 0:
+            start = max(0, end - 2**16)
+            at = os.pread(self.fd, end - start, start).rfind(b"\n")
+            if at >= 0:
+                keep = start + at + 1
+                break
+            end = start
+        if keep < size:
             os.ftruncate(self.fd, keep)
             os.fsync(self.fd)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
+from vkv.io import parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
@@ -76,16 +77,12 @@ class Transcript:
 def load_transcript(path: str | Path) -> Transcript:
     """Read and validate a transcript file; every violation is a VkvError naming the file and field."""
     p = Path(path)
+    raw_bytes = read_input(p, "transcript file")  # bounded: /dev/zero or a FIFO is refused, not read forever
     try:
-        raw_bytes = p.read_bytes()
-    except OSError as exc:
-        raise VkvError(f"{p}: cannot read transcript ({exc.strerror})") from exc
-    try:
-        data = json.loads(raw_bytes.decode("utf-8"))
+        text = raw_bytes.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise VkvError(f"{p}: not UTF-8 text (byte {exc.start})") from exc
-    except json.JSONDecodeError as exc:
-        raise VkvError(f"{p}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from exc
+    data = parse_json(text, str(p), "transcript file")
     return parse_transcript(data, source=str(p), sha256=hashlib.sha256(raw_bytes).hexdigest())
 
 

@@ -25,7 +25,7 @@ from vkv.backends.lamr.records import Record, read_records, write_records
 from vkv.backends.lamr.train import TrainConfig, TrainSummary, fit
 from vkv.backends.source.languages import language_of_path
 from vkv.errors import VkvError
-from vkv.io import write_json_atomic
+from vkv.io import DEFAULT_SOURCE_MB, SOURCE_LIMIT_ENV, read_input, write_json_atomic
 from vkv.lm.load import resolve_device
 from vkv.settings import setting
 
@@ -94,10 +94,11 @@ def prune_file(
     C is a vkv LaMR checkpoint directory or SWE-Pruner weights (model.safetensors, its directory, or the
     hub id ayanami-kitasan/code-pruner, which needs hub access)."""
     source = Path(path)
+    if not source.exists():
+        raise VkvError(f"{source} does not exist")
+    data = read_input(source, "file to prune", SOURCE_LIMIT_ENV, DEFAULT_SOURCE_MB)  # bounded, regular files only
     try:
-        text = source.read_text(encoding="utf-8")
-    except FileNotFoundError as exc:
-        raise VkvError(f"{source} does not exist") from exc
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise VkvError(f"{source} is not UTF-8 text (byte {exc.start} cannot be decoded)") from exc
     pruner = LaMR.from_checkpoint(checkpoint, device=device, threshold=threshold, repair=repair, backbone=backbone)

@@ -5,19 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from vkv.errors import VkvError
+from vkv.io import DEFAULT_SOURCE_MB, SOURCE_LIMIT_ENV, read_input
 
 
 def read_source(path: str | Path) -> str:
-    """The file's text exactly as stored (line endings kept); a VkvError if it is missing or not UTF-8."""
+    """The file's text exactly as stored (line endings kept); a VkvError if it is missing, not a regular file,
+    larger than the limit ($VKV_MAX_SOURCE_MB) or not UTF-8."""
     file = Path(path)
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise VkvError(f"{file}: no such file") from None
-    except IsADirectoryError:
-        raise VkvError(f"{file}: is a directory, not a file") from None
-    except OSError as exc:
-        raise VkvError(f"{file}: cannot be read ({exc.strerror})") from None
+    # bounded before the tokenizer sees it: it holds ~200 bytes per byte of text, so a 50 MB file took 10 GB
+    data = read_input(file, "file to prune", SOURCE_LIMIT_ENV, DEFAULT_SOURCE_MB)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
