@@ -311,10 +311,66 @@ def inline_tool_call(call: ToolCall) -> str:
     return f"\n<tool_call>\n{payload}\n</tool_call>"
 
 
-def render(transcript: Transcript, tokenizer, chat_format: ChatFormat | None = None) -> Rendered:
-    """Render every message with the chat template; spans tile the ids and prefixes are token prefixes."""
+def render(
+    transcript: Transcript, tokenizer, chat_format: ChatFormat | None = None, max_tokens: int | None = None
+) -> Rendered:
+    """Render every message with the chat template; spans tile the ids and prefixes are token prefixes.
+
+    Linear in the transcript's length: the whole conversation is rendered and tokenised once, each message's text is
+    found by rendering it after (at most) the first and the previous message, and each message's text is tokenised on
+    its own. Their concatenations must equal the whole rendering and the whole tokenisation, which makes message
+    boundaries token boundaries; anything else (a template that looks ahead, rewrites earlier messages or refuses the
+    shortened context, a tokenizer merging across a boundary) takes the exact message-by-message path, which renders
+    and tokenises every prefix (quadratic) and refuses in the same words as before. With `max_tokens` (the model's
+    positions), a rendering longer than that is refused after one tokenisation, before any per-message work."""
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages]
+    where = transcript.path or transcript.id
+    try:
+        text = fmt.render_text(chats)
+    except Exception:  # the exact path names the first message the template refuses
+        return _render_by_prefixes(transcript, tokenizer, fmt, chats)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_tokens and len(ids) > max_tokens:  # the upper bound the spans would tile: no message work is needed
+        raise VkvError(
+            f"{where}: renders to {len(ids)} tokens, beyond the model's {max_tokens} positions; use a window of it "
+            "(--window)"
+        )
+    pieces = _message_texts(fmt, chats)
+    if pieces is None or "".join(pieces) != text:
+        return _render_by_prefixes(transcript, tokenizer, fmt, chats)
+    piece_ids = tokenizer(pieces, add_special_tokens=False)["input_ids"]  # one batched call
+    spans: list[MessageSpan] = []
+    position = 0
+    for i, (message, own) in enumerate(zip(transcript.messages, piece_ids)):
+        if not own or ids[position : position + len(own)] != own:
+            return _render_by_prefixes(transcript, tokenizer, fmt, chats)
+        spans.append(MessageSpan(i, message.role, position, position + len(own)))
+        position += len(own)
+    if position != len(ids):
+        return _render_by_prefixes(transcript, tokenizer, fmt, chats)
+    return Rendered(ids, spans, text, inlined_tool_calls=not fmt.keeps_tool_calls, tool_role_as=fmt.tool_role)
+
+
+def _message_texts(fmt: ChatFormat, chats: list[dict[str, Any]]) -> list[str] | None:
+    """Each message's text as the template renders it after the first message and the one before it (what a
+    template's system-prompt and role-alternation rules look at), or None when one does not extend its context."""
+    pieces = []
+    for i in range(len(chats)):
+        context = [chats[0], chats[i - 1]] if i >= 2 else chats[:i]
+        try:
+            before = fmt.render_text(context) if context else ""
+            after = fmt.render_text([*context, chats[i]])
+        except Exception:  # a shortened context the template refuses (e.g. by alternation): the exact path decides
+            return None
+        if not after.startswith(before):
+            return None
+        pieces.append(after[len(before) :])
+    return pieces
+
+
+def _render_by_prefixes(transcript: Transcript, tokenizer, fmt: ChatFormat, chats: list[dict[str, Any]]) -> Rendered:
+    """The exact check: render and tokenise the first i messages for every i (quadratic; `render`'s fallback)."""
     spans: list[MessageSpan] = []
     ids: list[int] = []
     text = ""
