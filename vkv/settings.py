@@ -320,8 +320,11 @@ class CommaList:
         return f"comma-separated {self.element.__name__}s"
 
     def __call__(self, text: str) -> tuple:
+        items = [x.strip() for x in text.split(",")]
+        if not all(items):  # `3.2,,4` is a typo, not two values
+            raise argparse.ArgumentTypeError(f"{self.flag}: an empty item in {text!r}")
         try:
-            values = tuple(self.element(x.strip()) for x in text.split(",") if x.strip())
+            values = tuple(self.element(x) for x in items)
         except ValueError:
             raise argparse.ArgumentTypeError(
                 f"{self.flag}: expected comma-separated {self.element.__name__}s, got {text!r}"

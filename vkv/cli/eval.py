@@ -59,6 +59,10 @@ class EvalCommand:
         "first answered there",
     )
     cache: str | None = setting(None, "also evaluate this compressed cache file")
+    allow_leaks: bool = setting(
+        False,
+        "score questions whose answers the uncompressed messages or the question give away (vkv validate lists them)",
+    )
     json: str | None = setting(None, "write the eval JSON (a list of results) here")
 
 
@@ -66,6 +70,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     command = from_args(EvalCommand, args)
     methods = command.method
+    for flag, values in (("--method", methods), ("--ratio", command.ratio)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise VkvError(f"{flag}: {', '.join(map(str, twice))} listed twice; each run would be scored twice")
     for name in methods:
         if name not in METHODS:
             raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
@@ -94,7 +102,7 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
     for ratio in ratios if any(METHODS[name].uses_ratio for name in names) else []:
         span_budget(end - start, ratio)  # before the references' prefill
     with status(f"{transcript.id}: full and none references"):
-        evaluation = TranscriptEval(lm, transcript, turns, settings)
+        evaluation = TranscriptEval(lm, transcript, turns, settings, command.allow_leaks)
     results = []
     if command.cache:
         results.append(evaluation.evaluate_cache(load_cache(command.cache, lm)))

@@ -66,7 +66,7 @@ def _validate_with_model(config: ValidateConfig, scoring, transcripts) -> list[s
     for transcript in transcripts:
         for unit, turns in eval_units(lm, [transcript.path], None, window, None):
             with status(f"{unit.id}: full and none references"):
-                ev = TranscriptEval(lm, unit, turns, scoring)
+                ev = TranscriptEval(lm, unit, turns, scoring, allow_leaks=True)  # the static checks report leaks
             for pq, full, none in zip(ev.questions, ev.full, ev.none):
                 q = pq.question
                 options = list(q.choices) or list(q.accept[:1])

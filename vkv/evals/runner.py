@@ -18,6 +18,7 @@ import torch
 from vkv import __version__
 from vkv.errors import VkvError
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
+from vkv.evals.validate import leaks
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import kv_row_bytes
 from vkv.kv.segment import Segment, verbatim_segment
@@ -82,7 +83,10 @@ class TranscriptEval:
         transcript: Transcript,
         turns: tuple[int, int] | None = None,
         settings: EvalSettings | None = None,
+        allow_leaks: bool = False,
     ):
+        """`allow_leaks`: score questions whose answers the uncompressed messages or the question itself give away
+        (refused otherwise, as `vkv validate` refuses them)."""
         self.lm, self.transcript = lm, transcript
         self.settings = settings or EvalSettings()
         self.turns = turns or transcript.default_span()
@@ -93,6 +97,11 @@ class TranscriptEval:
         self.start, self.end = self.rendered.token_span(*self.turns)
         if not transcript.questions:
             raise VkvError(f"{transcript.path or transcript.id}: field questions: nothing to evaluate")
+        leaking = [] if allow_leaks else leaks(transcript, self.turns)
+        if leaking:
+            raise VkvError(
+                f"{leaking[0]}; {len(leaking)} such leak(s), which `vkv validate` lists (--allow-leaks scores them anyway)"
+            )
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
         self.work = span_work(lm, transcript, self.rendered, self.start, self.end, self.settings.seed)
         self.full, full_memory = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))

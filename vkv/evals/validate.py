@@ -20,23 +20,34 @@ def message_text(message) -> str:
     return f"{message.content} {calls}"
 
 
-def check_static(transcript: Transcript) -> Findings:
-    """Leakage and consistency checks that need no model."""
-    found = Findings()
+def leaks(transcript: Transcript, turns: tuple[int, int] | None = None) -> list[str]:
+    """Questions whose answer the model can read without the compressed messages [turns) (default: all after the
+    system message): an accepted keyword in a message kept verbatim, or in the question or its answer prefix. A
+    score on such a question measures nothing, so `vkv eval` refuses them as `vkv validate` does."""
     where = transcript.path or transcript.id
-    first, end = transcript.default_span()
+    first, end = turns or transcript.default_span()
     outside = [(i, m) for i, m in enumerate(transcript.messages) if not first <= i < end]
+    found = []
     for qi, q in enumerate(transcript.questions):
         at = f"{where}: questions[{qi}] ({q.id})"
         for keyword in q.accept:
             for i, m in outside:
                 if contains_keyword(message_text(m), keyword, in_paths=True):
-                    found.problems.append(
-                        f"{at}: accepted keyword '{keyword}' leaks into messages[{i}] ({m.role}), "
-                        "which is not compressed"
+                    found.append(
+                        f"{at}: accepted keyword '{keyword}' leaks into messages[{i}] ({m.role}), which is not compressed"
                     )
             if contains_keyword(q.question, keyword) or contains_keyword(q.answer_prefix, keyword):
-                found.problems.append(f"{at}: the question or answer prefix already contains '{keyword}'")
+                found.append(f"{at}: the question or answer prefix already contains '{keyword}'")
+    return found
+
+
+def check_static(transcript: Transcript) -> Findings:
+    """Leakage and consistency checks that need no model."""
+    found = Findings(problems=leaks(transcript))
+    where = transcript.path or transcript.id
+    first, end = transcript.default_span()
+    for qi, q in enumerate(transcript.questions):
+        at = f"{where}: questions[{qi}] ({q.id})"
         if q.choices and not keyword_correct(q.choices[0], q.accept, q.reject):
             found.problems.append(f"{at}: choices[0] '{q.choices[0]}' is not an accepted answer")
         for c in q.choices[1:]:

@@ -1,0 +1,45 @@
+"""`vkv eval` refuses what would make its numbers meaningless: questions whose answer the uncompressed context or the
+question gives away (as `vkv validate` does; `--allow-leaks` scores them), a method or ratio listed twice, an empty
+item in a list."""
+
+import json
+
+import pytest
+
+from tests.conftest import FIXTURES
+from vkv.cli import main
+from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.text.transcript import load_transcript
+
+
+def leaking_copy(tmp_path):
+    data = json.loads((FIXTURES / "mini-agent.json").read_text())
+    keyword = data["questions"][0]["accept"][0]
+    data["messages"][0]["content"] += f" (note: {keyword})"  # the system message is never compressed
+    path = tmp_path / "leaky.json"
+    path.write_text(json.dumps(data))
+    return path, keyword
+
+
+def test_a_question_answered_by_the_verbatim_context_is_refused(tmp_path, tiny_llama):
+    path, keyword = leaking_copy(tmp_path)
+    transcript = load_transcript(path)
+    with pytest.raises(VkvError, match=f"accepted keyword '{keyword}' leaks into messages\\[0\\].*--allow-leaks"):
+        TranscriptEval(tiny_llama, transcript, settings=EvalSettings(max_new_tokens=1))
+    assert TranscriptEval(tiny_llama, transcript, settings=EvalSettings(max_new_tokens=1), allow_leaks=True).questions
+
+
+def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys):
+    path, keyword = leaking_copy(tmp_path)
+    model = ["--model", "smollm2-135m", "--device", "cpu"]
+    assert main(["eval", str(path), *model, "--method", "none"]) == 2
+    assert f"'{keyword}' leaks into messages[0]" in capsys.readouterr().err
+    assert main(["eval", str(path), *model, "--method", "none", "--allow-leaks"]) == 0
+    mini = str(FIXTURES / "mini-agent.json")
+    assert main(["eval", mini, *model, "--method", "kvzip,none,kvzip"]) == 2
+    assert "--method: kvzip listed twice" in capsys.readouterr().err
+    assert main(["eval", mini, *model, "--method", "kvzip", "--ratio", "4,4.0"]) == 2
+    assert "--ratio: 4.0 listed twice" in capsys.readouterr().err
+    assert main(["eval", mini, *model, "--method", "kvzip", "--ratio", "3.2,,4"]) == 2
+    assert "--ratio: an empty item in '3.2,,4'" in capsys.readouterr().err
