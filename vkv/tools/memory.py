@@ -315,9 +315,14 @@ def plan_table(p: MemoryPlan):
     return table
 
 
+MAX_CANDIDATES = 4096  # spans `worst_span` compares; a 4096-token window in steps of 64 needs 64
+
+
 def worst_span(config, window: int = 4096, step: int = 64, **kwargs) -> MemoryPlan:
     """The plan of the span (a multiple of `step` tokens, or the whole window) with the highest peak: a
-    short span leaves a long prefix to attend to, a long one many virtual tokens."""
+    short span leaves a long prefix to attend to, a long one many virtual tokens. At most MAX_CANDIDATES spans are
+    tried: a window of 10¹² tokens is searched in coarser steps (still multiples of `step`), not over 10¹⁰ plans."""
+    step = max(step, -(-window // (MAX_CANDIDATES * step)) * step)
     spans = sorted(set(range(step, window, step)) | {window})
     return max((plan(config, window=window, span=span, **kwargs) for span in spans), key=lambda p: p.peak)
 
