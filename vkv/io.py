@@ -134,6 +134,58 @@ def check_writable(path: str | os.PathLike, field: str) -> None:
         raise VkvError(f"{target}: field {field}: not writable")
 
 
+def check_not_input(path: str | os.PathLike, field: str, inputs: dict[str, str]) -> None:
+    """Refuse an output that resolves to one of the command's inputs (`inputs`: path → the argument naming it; a
+    directory there stands for every file in it, e.g. a model's), before any work: writing it would destroy the input."""
+    target = Path(path).expanduser().resolve()
+    for given, name in inputs.items():
+        source = Path(given).expanduser().resolve()
+        inside = source.is_dir() and source in target.parents
+        if target == source or inside or (target.exists() and source.exists() and os.path.samefile(target, source)):
+            which = f"a file in {name}, {given}" if inside else f"{name}, {given}"
+            raise VkvError(f"{path}: field {field}: that is {which}, an input of this command; write elsewhere")
+
+
+FILE_KINDS = {"cache": "a safetensors cache", "json": "a JSON file", "text": "a text file", "binary": "a binary file"}
+
+
+def file_kind(path: str | os.PathLike) -> str | None:
+    """What an existing file holds, from its first bytes: 'cache' (safetensors: a little-endian header length, then
+    a JSON object), 'json', 'text' or 'binary'; None for a missing, empty or non-regular file."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return None
+    if not head:
+        return None
+    if len(head) > 8 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= 100 * 2**20:
+        return "cache"
+    stripped = head.lstrip()
+    if stripped[:1] in (b"{", b"["):
+        return "json"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # not just a character cut at the end of the 4096 bytes
+            return "binary"
+    return "text" if b"\0" not in head else "binary"
+
+
+def check_replaceable(path: str | os.PathLike, field: str, writes: str, force: bool, how: str = "pass --force") -> None:
+    """Refuse to replace an existing file of another kind than the output (`writes`: 'cache' or 'json'), a cache with
+    JSON or a transcript with a cache, unless `force`: such a file is not an earlier output of this flag."""
+    kind = file_kind(path)
+    if force or kind is None or kind == writes:
+        return
+    raise VkvError(
+        f"{path}: field {field}: it holds {FILE_KINDS[kind]}, which {FILE_KINDS[writes]} would replace; "
+        f"{how} to replace it, or choose another path"
+    )
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""

@@ -22,7 +22,7 @@ from rich.markup import escape
 from vkv.cli.cached import cached_parser
 from vkv.cli.consoles import errors
 from vkv.errors import VkvError
-from vkv.io import check_writable
+from vkv.io import check_not_input, check_replaceable, check_writable
 
 COMMAND_MODULES = (
     "models",
@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         import_module(f"vkv.cli.{name}").register(sub)
+    from vkv.cli.common import OutputFlags
+    from vkv.settings import add_arguments
+
+    for command in sub.choices.values():  # every command that writes files may be told to replace a foreign one
+        if command.get_default("outputs"):
+            add_arguments(command, OutputFlags)
     return parser
 
 
@@ -67,9 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             from vkv.lm.load import resolve_model_path
 
             resolve_model_path(args.model)
-        for name in getattr(args, "outputs", ()):  # files the command will write: refused now, not after the work
-            if getattr(args, name, None):
-                check_writable(getattr(args, name), "--" + name.replace("_", "-"))
+        check_outputs(args)
         return args.run(args) or 0
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")
@@ -80,6 +84,45 @@ def main(argv: list[str] | None = None) -> int:
             raise  # a bug: its traceback is what a report needs
         errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # a path or [[grid]] is not markup
         return 2
+
+
+INPUTS = {  # arguments naming files the command reads, and what a sentence calls them
+    "transcript": "the transcript",
+    "transcripts": "the transcript",
+    "file": "the input file",
+    "source": "the chat's source",
+    "cache": "the cache",
+    "config": "the experiment file",
+    "checkpoint": "the checkpoint",
+}
+CACHE_OUTPUTS = {("compress", "out")}  # (command, output) pairs that write a safetensors cache; the others write JSON
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an output file (the command's `outputs`) that cannot be written, that is one of its
+    inputs (positional files, --transcript, the model's directory) or that would replace a file of another kind
+    without --force. A sweep's results directory is not an input: its files are appended to."""
+    outputs = {name: getattr(args, name) for name in getattr(args, "outputs", ()) if getattr(args, name, None)}
+    for name, target in outputs.items():
+        check_writable(target, "--" + name.replace("_", "-"))
+    inputs: dict[str, str] = {}
+    for name, label in INPUTS.items():
+        value = getattr(args, name, None)
+        for given in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(given, str) and given:
+                inputs.setdefault(given, label)
+    model = getattr(args, "model", None)
+    if isinstance(model, str):
+        from vkv.lm.load import resolve_model_path
+
+        path, local = resolve_model_path(model)
+        if local:  # every file in it is read: weights, tokenizer, config
+            inputs.setdefault(path, "the model directory")
+    for name, target in outputs.items():
+        check_not_input(target, "--" + name.replace("_", "-"), inputs)
+    for name, target in outputs.items():
+        writes = "cache" if (args.command, name) in CACHE_OUTPUTS else "json"
+        check_replaceable(target, "--" + name.replace("_", "-"), writes, bool(getattr(args, "force", False)))
 
 
 def one_sentence(exc: BaseException) -> str | None:

@@ -25,6 +25,7 @@ from vkv.compress.budget import DEFAULT_RATIO
 from vkv.compress.session import Session, message_dict
 from vkv.errors import VkvError
 from vkv.kv.file import read_header
+from vkv.lm.load import resolve_model_path
 from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript
@@ -82,7 +83,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
         console.print(
             f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
         )
-    return Chat(session, sampling, interactive, config.compress_every, config.ratio).run()
+    inputs = {args.source: "the chat's source"}
+    path, local = resolve_model_path(lm.name)
+    if local:
+        inputs[path] = "the model directory"
+    return Chat(session, sampling, interactive, config.compress_every, config.ratio, inputs=inputs).run()
 
 
 def register(sub: argparse._SubParsersAction) -> None:

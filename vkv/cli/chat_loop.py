@@ -16,7 +16,7 @@ from vkv.cli.consoles import console, errors
 from vkv.cli.repetition import RepetitionGuard
 from vkv.errors import VkvError
 from vkv.home import vkv_home
-from vkv.io import check_writable
+from vkv.io import check_not_input, check_replaceable, check_writable
 from vkv.progress import status
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
@@ -57,6 +57,7 @@ class Chat:
     history: list[Snapshot] = field(default_factory=list)
     unsaved: int = 0  # exchanges since the session was opened or last saved
     uncompressed: int = 0  # messages since the last compression
+    inputs: dict[str, str] = field(default_factory=dict)  # files the chat read (path → what): /save never replaces one
 
     def run(self) -> int:
         history_file = _readline_history() if self.interactive else None
@@ -177,6 +178,8 @@ class Chat:
         else:
             try:
                 check_writable(target, "/save")
+                check_not_input(target, "/save", self.inputs)
+                check_replaceable(target, "/save", "cache", force=False, how="remove it yourself")  # no --force here
                 self.session.save(target)
                 console.print(f"saved {target}", highlight=False, soft_wrap=True)
                 self.unsaved = 0

@@ -35,6 +35,15 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
     return window_transcript(transcript, *recorded["window"]) if recorded.get("window") else transcript
 
 
+@dataclass
+class OutputFlags:
+    """`--force`, added by vkv.cli.build_parser to every command that writes files (its `outputs`)."""
+
+    force: bool = setting(
+        False, "replace an existing file of another kind (a cache with JSON, a text file with a cache)"
+    )
+
+
 def _quants() -> tuple[str, ...]:
     from vkv.lm.load import QUANTS
 
