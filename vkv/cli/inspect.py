@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import console, key_value_table, write_json
-from vkv.kv.file import read_header, verify
+from vkv.kv.file import integrity, read_header, verify
 from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
 from vkv.settings import add_arguments, from_args, setting
 
@@ -29,6 +29,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     header = read_header(args.cache) if config.header_only else verify(args.cache)
     stored = storage(args.cache, header)
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
+    meta["integrity"] = "not checked (--header-only)" if config.header_only else integrity(header)
     meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)
     console.print(key_value_table(f"{args.cache}", meta))
     table = Table(title="segments")

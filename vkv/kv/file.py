@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -19,10 +22,33 @@ from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
 from vkv.kv.spliced import SplicedCache
 from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
 
-# 4: a separable bias as per-entry and per-head numbers and a bit mask; 3: padded segments stored flat;
-# 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# 5: the digest is required; 4: a separable bias as per-entry and per-head numbers and a bit mask (the digest from
+# late in its life); 3: padded segments stored flat; 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
+FORMAT_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
+COUNTED_SINCE = 5  # from this version on, a segment row without `reached` lets attention reach every slot
+MAX_NESTING = 64  # a header nests a few levels (config, segment stats); deeper JSON was not written by vkv
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The format versions a field belongs to: written from `first` on, required from `required` on (None: never),
+    last written by `last` (None: still written). A file whose version is outside a field it holds was edited (its
+    version lowered to pass as an older file); one of the current version without a required field had it removed."""
+
+    first: int
+    required: int | None = None
+    last: int | None = None
+
+
+HEADER_FIELDS = {"digest": Versions(4, required=5)}
+TENSOR_FIELDS = {  # by the name after `segments.{i}.`; those absent from this table are in every version
+    "mass": Versions(1, last=1),
+    "bias": Versions(2),
+    "ids": Versions(2),  # the embeddings store
+    **dict.fromkeys(("real", "keys_real", "values_real", "bias_real"), Versions(3)),
+    **dict.fromkeys(("bias_per_entry", "bias_per_head", "bias_mask"), Versions(4)),
+}
 
 
 def transcript_record(transcript, turns: tuple[int, int], tokens: int) -> dict[str, Any]:
@@ -171,26 +197,107 @@ def _unflat(tensors: dict[str, torch.Tensor], i: int, where: str) -> None:
 
 
 def read_header(path: str | Path) -> dict[str, Any]:
+    """A cache file's header, checked for what can be checked without its tensors: a regular file (a device, FIFO or
+    directory is never read), JSON of bounded nesting, a readable format version holding only the fields of that
+    version (`HEADER_FIELDS`, `TENSOR_FIELDS`), and a transcript record that can name a window."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise VkvError(f"{p}: no such cache file")
+    if not p.is_file():
+        raise VkvError(f"{p}: no such cache file (this is a directory, device or FIFO, not a regular file)")
     try:
         with safe_open(str(p), framework="pt") as f:
             raw = (f.metadata() or {}).get("vkv")
+            names = list(f.keys())
     except Exception as exc:  # safetensors raises its own error types for truncated or corrupt headers
         raise VkvError(f"{p}: not a readable safetensors file (truncated or corrupt: {exc})") from exc
     if raw is None:
         raise VkvError(f"{p}: safetensors file without vkv metadata, so not a vkv cache")
+    depth = _nesting(raw)
+    if depth > MAX_NESTING:
+        raise VkvError(f"{p}: vkv metadata nests {depth} levels deep, more than the {MAX_NESTING} a cache header has")
     try:
         header = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise VkvError(f"{p}: vkv metadata is not valid JSON") from exc
+    if not isinstance(header, dict):
+        raise VkvError(f"{p}: vkv metadata is a JSON {type(header).__name__}, not an object of header fields")
     if header.get("format_version") not in READABLE_VERSIONS:
         raise VkvError(
             f"{p}: field format_version: cache format version {header.get('format_version')} "
             f"(this vkv reads {', '.join(map(str, READABLE_VERSIONS))})"
         )
+    _check_versions(p, header, names)
+    _check_transcript(p, header.get("transcript"))
     return header
+
+
+_STRINGS = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def _nesting(raw: str) -> int:
+    """How deep the JSON text `raw` nests arrays and objects (brackets inside strings do not count), found without
+    parsing it, so that hostile nesting never reaches the recursive parser."""
+    brackets = np.frombuffer(_STRINGS.sub("", raw).encode(), dtype=np.uint8)
+    steps = np.isin(brackets, (ord("["), ord("{"))).astype(np.int64) - np.isin(brackets, (ord("]"), ord("}")))
+    return int(steps.cumsum().max()) if steps.size else 0
+
+
+def _check_versions(path: Path, header: dict, tensor_names: Sequence[str]) -> None:
+    """Refuse a header whose format version does not hold the fields it holds (`Versions`)."""
+    version = header["format_version"]
+    fields = [(name, HEADER_FIELDS[name], name in header) for name in HEADER_FIELDS]
+    fields += [
+        (t, TENSOR_FIELDS[t.split(".", 2)[-1]], True) for t in tensor_names if t.split(".", 2)[-1] in TENSOR_FIELDS
+    ]
+    for name, versions, present in fields:
+        if not present and versions.required is not None and version >= versions.required:
+            raise VkvError(
+                f"{path}: field {name}: missing, and every cache of format version {version} holds it (it was removed)"
+            )
+        if present and (version < versions.first or (versions.last is not None and version > versions.last)):
+            if versions.last is None:
+                written = f"from format version {versions.first} on"
+            elif versions.last == versions.first:
+                written = f"by format version {versions.first}"
+            else:
+                written = f"by format versions {versions.first}–{versions.last}"
+            raise VkvError(
+                f"{path}: field {name}: written only {written}, not by the version {version} the header claims "
+                "(its format_version was edited)"
+            )
+
+
+def _check_transcript(path: Path, record: Any) -> None:
+    """Refuse a transcript record whose window is not messages [first, last) of a transcript of `tokens` tokens (each
+    message renders at least one token)."""
+    if record is None:
+        return
+    if not isinstance(record, dict):
+        raise VkvError(f"{path}: field transcript: expected a record of the transcript, got {type(record).__name__}")
+    window, tokens = record.get("window"), record.get("tokens")
+    if window is None:
+        return
+    ints = isinstance(window, list) and len(window) == 2 and all(_integer(x) for x in window)
+    if not (ints and _integer(tokens) and 0 <= window[0] < window[1] and window[1] - window[0] <= tokens):
+        raise VkvError(
+            f"{path}: field transcript.window: expected messages [first, last) with 0 ≤ first < last and at most the "
+            f"{tokens!r} rendered tokens between them, got {window!r}"
+        )
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integrity(header: dict[str, Any]) -> str:
+    """What `vkv inspect` says of a file that `verify` accepted: whether a digest vouches for its tensors."""
+    if "digest" in header:
+        return "sha256 digest verified"
+    return (
+        f"unverified: format version {header.get('format_version')} predates the digest, so only the tensors' "
+        "shapes (and, when loaded with a model, their plausibility) are checked"
+    )
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -229,20 +336,21 @@ def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache
     expected = (spec.get("num_layers"), spec.get("num_kv_heads"), spec.get("head_dim"))
     meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store", "digest")}
     rows = header.get("segments", [])
+    counted = header["format_version"] >= COUNTED_SINCE
     if store == "embeddings":
-        stored = [_stored_from(tensors, i, row, spec, p) for i, row in enumerate(rows)]
+        stored = [_stored_from(tensors, i, row, spec, p, counted) for i, row in enumerate(rows)]
         check_digest(p, header, tensors)
         return StoredCache(stored, int(header["next_position"]), meta)
     cache = SplicedCache(meta=meta)
     working = dict(tensors)  # _segment_from unpacks flat segments in it; the digest reads the file's own
     for i, row in enumerate(rows):
-        cache.segments.append(_segment_from(working, i, row, expected, p))
+        cache.segments.append(_segment_from(working, i, row, expected, p, counted))
     check_digest(p, header, tensors)
     cache.next_position = int(header["next_position"])
     return cache
 
 
-def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Segment:
+def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path, counted: bool) -> Segment:
     if f"segments.{i}.real" in tensors:
         _unflat(tensors, i, f"{path}: field segments[{i}]")
     try:
@@ -261,19 +369,15 @@ def _segment_from(tensors, i: int, row: dict, expected: tuple, path: Path) -> Se
         )
     if row.get("kind") not in KINDS:
         raise VkvError(f"{where}.kind: unknown segment kind {row.get('kind')!r}")
+    bias, separable = _bias_from(tensors, i, tuple(keys.shape[:3]), where)
+    _check_reached(row, bias, tuple(keys.shape[:3]), where, counted)
+    embeddings = tensors.get(f"segments.{i}.embeddings")
     return Segment(
-        row["kind"],
-        tuple(row["span"]),
-        keys,
-        values,
-        positions,
-        tensors.get(f"segments.{i}.embeddings"),
-        row.get("stats", {}),
-        *_bias_from(tensors, i, tuple(keys.shape[:3]), where),
+        row["kind"], tuple(row["span"]), keys, values, positions, embeddings, row.get("stats", {}), bias, separable
     )
 
 
-def _stored_from(tensors, i: int, row: dict, spec: dict, path: Path) -> StoredSegment:
+def _stored_from(tensors, i: int, row: dict, spec: dict, path: Path, counted: bool) -> StoredSegment:
     """Segment i of an embeddings-only file: verbatim token ids or virtual embeddings, checked against the table."""
     where = f"{path}: field segments[{i}]"
     kind, span, entries = row.get("kind"), tuple(row.get("span", ())), row.get("entries")
@@ -299,7 +403,9 @@ def _stored_from(tensors, i: int, row: dict, spec: dict, path: Path) -> StoredSe
         vocab = spec.get("vocab_size") or 0
         if data.is_floating_point() or (entries and not 0 <= int(data.min()) <= int(data.max()) < vocab):
             raise VkvError(f"{where}.ids: token ids must be integers below the vocabulary size {vocab}")
-    bias, separable = _bias_from(tensors, i, (spec.get("num_layers"), spec.get("num_kv_heads"), entries), where)
+    slots = (spec.get("num_layers"), spec.get("num_kv_heads"), entries)
+    bias, separable = _bias_from(tensors, i, slots, where)
+    _check_reached(row, bias, slots, where, counted)
     ids = data.tolist() if kind == "verbatim" else None
     embeddings = data.float() if kind == "virtual" else None
     return StoredSegment(kind, span, positions.float(), ids, embeddings, bias, row.get("stats", {}), separable)
@@ -324,6 +430,20 @@ def _bias_from(tensors, i: int, shape: tuple, where: str) -> tuple[torch.Tensor 
             f"{shape}, got {tuple(bias.shape)}"
         )
     return bias, separable
+
+
+def _check_reached(row: dict, bias: torch.Tensor | None, slots: tuple, where: str, counted: bool) -> None:
+    """Refuse a segment whose reachable slots (finite bias) are not as many as its table row records (`reached`;
+    absent: every slot), so that a mask flipped after writing is refused even with the digest recomputed, unless the
+    count was edited with it."""
+    if "reached" not in row and not counted:
+        return  # the row may predate `reached`, which version 4 began writing late
+    expected = row.get("reached", torch.Size(slots).numel())
+    found = torch.Size(slots).numel() if bias is None else int(torch.isfinite(bias).sum())
+    if found != expected:
+        raise VkvError(
+            f"{where}.reached: the segment's masks let attention reach {found} slots, its table row records {expected}"
+        )
 
 
 def _separable_from(tensors, i: int, shape: tuple, where: str) -> SeparableBias | None:

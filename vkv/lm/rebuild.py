@@ -15,12 +15,14 @@ from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
 from vkv.kv.stored import StoredCache
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.plausible import check_plausible
 from vkv.lm.splice import reencode
 
 
 def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
-    """Read a cache file; with a model, refuse one built for another model. An embeddings-only file needs the model:
-    its K/V are rebuilt by forward passes."""
+    """Read a cache file; with a model, refuse one built for another model or whose entries (read or rebuilt) that
+    model could not have produced (`vkv.lm.plausible`). An embeddings-only file needs the model: its K/V are rebuilt
+    by forward passes."""
     cache = read_cache(path, None if lm is None else lm.fingerprint)
     if isinstance(cache, StoredCache):
         if lm is None:
@@ -28,7 +30,9 @@ def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
                 f"{path}: field store: an embeddings-only cache holds no keys or values; a model is needed to "
                 "rebuild them"
             )
-        return rebuild(lm, cache)
+        cache = rebuild(lm, cache)
+    if lm is not None:
+        check_plausible(lm, cache, path)
     return cache
 
 
