@@ -5,6 +5,7 @@ mid-write never leaves a half-written result or cache behind; an output never la
 from __future__ import annotations
 
 import json
+import math
 import os
 import stat
 import tempfile
@@ -33,7 +34,7 @@ def limit_bytes(env: str = INPUT_LIMIT_ENV, default_mb: float = DEFAULT_INPUT_MB
         mb = float("nan")
     if not mb > 0 or mb == float("inf"):
         raise VkvError(f"{env}={text!r}: expected a positive number of megabytes")
-    return int(mb * 2**20)
+    return math.ceil(mb * 2**20)
 
 
 def _kind(mode: int) -> str:
@@ -75,7 +76,7 @@ def read_input(
             raise VkvError(f"{p}: cannot read the {what} ({exc.strerror})") from None
     if len(data) > limit:
         raise VkvError(
-            f"{p}: the {what} is larger than the limit of {limit / 2**20:g} MB; set {env} (in MB) to raise it"
+            f"{p}: the {what} is larger than the limit of {limit / 2**20:.3g} MB; set {env} (in MB) to raise it"
         )
     return data
 
