@@ -8,10 +8,11 @@ segment's entries a head reaches must lie within `BOUNDS` of them.
 
 The bounds come from what every compression method really writes. On the test model (smollm2-135m) and
 tests/fixtures/mini-agent.json, caches written by `vkv compress --method M` (M = vkv, kvzip, am, snapkv, knorm, kvopt,
-and the default virtual tokens, at ratios 2 to 32) keep each segment's per-head RMS, as a multiple of the probe's, at
-0.30–1.40 for keys and 0.09–1.65 for values, except the values am and kvopt fit by least squares: up to 237× (am) and
-93× (kvopt), on heads whose own values are small. Their biases lie within ±4. `BOUNDS` leaves a factor of at least 30
-beyond every one of these, so that what it refuses is an edit (×10⁶, ÷10⁶, zero), not a method.
+and the default virtual tokens with and without verbatim entries, at ratios 2 to 32) keep each segment's per-head RMS,
+as a multiple of the probe's, at 0.30–1.40 for keys and 0.09–1.65 for values, except the values am and kvopt fit by
+least squares: up to 237× (am) and 174× (kvopt), on heads whose own values are small. Their biases lie within ±6, and
+virtual tokens' embeddings at 0.50–1.35× the model's token embeddings. `BOUNDS` leaves a factor of at least 30 beyond
+every one of these, so that what it refuses is an edit (×10⁶, ÷10⁶, zero), not a method.
 
 What this cannot see is an edit that keeps magnitudes: values with their signs flipped, entries exchanged between
 heads or slots, masks permuted with their counts kept, or values scaled within the bounds. The README says so.
