@@ -168,10 +168,50 @@ def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
             raise VkvError(f"{where}field {bound.key}: {problem}")
 
 
+def check_fields(config: Any) -> None:
+    """Refuse, as a config is built, a setting's value of the wrong type, outside its range or not among its choices,
+    in the sentences the command line and sweep files give (ints widened to floats, lists to tuples); a nested config
+    must be one. Python callers get the error where they made it, not a failure deep inside a compression."""
+    name, hints = type(config).__name__, typing.get_type_hints(type(config))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        nested_type = f.metadata.get("nested")
+        if nested_type is not None:
+            if not isinstance(value, nested_type):
+                raise VkvError(f"{name}: field {f.name}: expected a config of type {nested_type.__name__}, got {value!r}")
+            continue
+        if "help" not in f.metadata:  # not declared with setting()
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        s = Setting(
+            f.name,
+            (f.name,),
+            default,
+            hints[f.name],
+            "",
+            f.metadata.get("choices"),
+            f.metadata.get("minimum"),
+            f.metadata.get("above", False),
+        )
+        if default is None and value is not None:
+            kinds = tuple(typing.get_origin(t) or t for t in typing.get_args(hints[f.name]) if t is not type(None))
+            widened = float in kinds and isinstance(value, int) and not isinstance(value, bool)
+            if kinds and not isinstance(value, (*kinds, list)) and not widened:
+                expected = " or ".join(k.__name__ for k in kinds)
+                raise VkvError(f"{name}: field {f.name}: expected {expected} or None, got {value!r}")
+        checked = check_value(s, value, f"{name}: ")
+        if checked is not value:
+            object.__setattr__(config, f.name, checked)
+
+
 class Config:
     """A config dataclass's dictionary form, generated once from its fields: `to_dict` is `dataclasses.asdict`,
     `from_dict` builds it back with `from_dict` below (unknown keys refused, ranges checked) and validates it. A config
-    whose files from earlier versions spell things otherwise overrides `upgraded`."""
+    whose files from earlier versions spell things otherwise overrides `upgraded`. Every field is checked as the config
+    is built (`check_fields`)."""
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -21,7 +21,7 @@ from vkv.compress.targets import TARGET_KINDS, AttentionTargets, Targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.frozen import FrozenLM
-from vkv.settings import check_ranges, setting
+from vkv.settings import check_fields, check_ranges, setting
 
 INITS = ("pooled", "random", "mean", "lstsq")
 LOSSES = ("mse", "cosine")
@@ -64,6 +64,9 @@ class OptimConfig:
         (0.8, 0.95), "Adam's betas, each below 1; reach a given loss in fewer steps than 0.9,0.999", minimum=0
     )
     target_loss: float | None = setting(None, "stop as soon as the loss is at or below this", minimum=0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def validate(self) -> OptimConfig:
         for name, value, allowed in (
