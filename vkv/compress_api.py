@@ -77,7 +77,7 @@ def compress_with(
             + ("prunes text, so it has no cache" if isinstance(method, TextMethod) else "needs the questions")
             + "; it is scored by `vkv eval` only"
         )
-    rendered = render(transcript, lm.tokenizer)
+    rendered = render(transcript, lm.tokenizer, max_tokens=lm.max_positions)
     lm.check_positions(len(rendered.ids), f"the conversation ({len(rendered.ids)} tokens)", "compress fewer messages")
     first, last = turns
     if not 0 <= first < last <= len(transcript.messages):

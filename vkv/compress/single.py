@@ -182,7 +182,7 @@ def compress_span(
 
 def render_within_positions(lm: FrozenLM, transcript):
     """The transcript rendered by the model's tokenizer, refused when it is longer than the model's positions."""
-    rendered = render(transcript, lm.tokenizer)
+    rendered = render(transcript, lm.tokenizer, max_tokens=lm.max_positions)  # too long: refused before message work
     lm.check_positions(len(rendered.ids), f"{transcript.path or transcript.id} ({len(rendered.ids)} tokens)")
     return rendered
 

@@ -90,7 +90,7 @@ class TranscriptEval:
         self.lm, self.transcript = lm, transcript
         self.settings = settings or EvalSettings()
         self.turns = turns or transcript.default_span()
-        self.rendered = render(transcript, lm.tokenizer)
+        self.rendered = render(transcript, lm.tokenizer, max_tokens=lm.max_positions)
         lm.check_positions(
             len(self.rendered.ids), f"{transcript.path or transcript.id} ({len(self.rendered.ids)} tokens)"
         )
