@@ -480,7 +480,7 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
         hybrid_segment(None, [], None, None, None, 1, CompressConfig(verbatim_share=0.5), HybridConfig())
     with pytest.raises(VkvError, match="field proportional_attention: expected bool or None, got 'yes'"):
         CompressConfig(proportional_attention="yes").validate()
-    with pytest.raises(VkvError, match="field verbatim_share: expected float, got True"):
+    with pytest.raises(VkvError, match="field verbatim_share: expected float or None, got True"):
         CompressConfig(verbatim_share=True).validate()
     with pytest.raises(VkvError, match="field virtual_offset: expected float, got True"):
         CompressConfig(virtual_offset=True).validate()
