@@ -482,7 +482,7 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
         CompressConfig(proportional_attention="yes").validate()
     with pytest.raises(VkvError, match="field verbatim_share: expected float or None, got True"):
         CompressConfig(verbatim_share=True).validate()
-    with pytest.raises(VkvError, match="field virtual_offset: expected float, got True"):
+    with pytest.raises(VkvError, match="field virtual_offset: expected float or None, got True"):
         CompressConfig(virtual_offset=True).validate()
     saved = CompressConfig(share_scores="readout", verbatim_share=0.0, proportional_attention=True).validate().to_dict()
     for key in ("share_scores", "verbatim_share", "virtual_offset"):  # a recipe saved before the setting existed

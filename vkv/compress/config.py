@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from vkv.compress.distill import DistillConfig
-from vkv.compress.head_budget import HEAD_BUDGETS, head_budget_setting
+from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import POOLING_RULES
 from vkv.compress.positions import POSITION_SCHEMES
@@ -86,19 +86,10 @@ class CompressConfig(Config):
     distill: DistillConfig = nested(DistillConfig, prefix="distill_")  # a KL stage after the V match (off by default)
 
     def validate(self) -> CompressConfig:
-        """One clear error naming the field for a setting no compression path accepts; returns the recipe to run, with
+        """One clear error naming the field for a combination of settings no compression path accepts (each field's
+        type, range and choices are checked as the config is built); returns the recipe to run, with
         the settings whose default depends on the rest of the recipe filled in (a copy: this one is not changed, so
         it can serve several methods)."""
-        for what, value, allowed in (
-            ("pooling", self.pooling, POOLING_RULES),
-            ("positions", self.positions, POSITION_SCHEMES),
-            ("target", self.target, TARGET_KINDS),
-            ("boundaries", self.boundaries, BOUNDARIES),
-            ("head_budget", self.head_budget, HEAD_BUDGETS),
-            ("share_scores", self.share_scores, SHARE_SCORES),
-        ):
-            if value not in allowed:
-                raise VkvError(f"field {what}: unknown value '{value}'; choose one of {', '.join(allowed)}")
         check_ranges(self)
         self = self._resolved()
         if self.verbatim_share:
@@ -128,14 +119,6 @@ class CompressConfig(Config):
         what runs and what is recorded are the same numbers: a per-head verbatim share where the recipe allows verbatim
         entries, proportional attention only for virtual tokens alone, and a logit offset only beside verbatim
         entries."""
-        for name, kinds in (
-            ("verbatim_share", (int, float)),
-            ("proportional_attention", (bool,)),
-            ("virtual_offset", (int, float)),
-        ):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool))):
-                raise VkvError(f"field {name}: expected {kinds[-1].__name__}, got {value!r}")
         share, proportional = self.verbatim_share, self.proportional_attention
         if share is None:
             allowed = self.head_verbatim and self.needs_reconstruction and not self.fit_bias and not self.distill.steps
