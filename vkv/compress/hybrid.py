@@ -60,8 +60,6 @@ class HybridConfig(Config):
     neighbours: int = setting(2, "v-uniqueness compares a token with this many neighbours on each side", minimum=1)
 
     def validate(self) -> HybridConfig:
-        if self.keep_by not in KEEP_BY:
-            raise VkvError(f"field keep_by: unknown value '{self.keep_by}'; choose one of {', '.join(KEEP_BY)}")
         for name in ("fraction", "max_share"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise VkvError(f"field {name}: must be a fraction in [0, 1), got {getattr(self, name)}")

@@ -69,14 +69,6 @@ class OptimConfig:
         check_fields(self)
 
     def validate(self) -> OptimConfig:
-        for name, value, allowed in (
-            ("init", self.init, INITS),
-            ("loss", self.loss, LOSSES),
-            ("schedule", self.schedule, SCHEDULES),
-            ("precision", self.precision, PRECISIONS),
-        ):
-            if value not in allowed:
-                raise VkvError(f"unknown {name} '{value}'; choose one of {', '.join(allowed)}")
         if not all(0 <= b < 1 for b in self.betas) or len(self.betas) != 2:
             raise VkvError(f"Adam betas must be two numbers in [0, 1), got {self.betas}")
         check_ranges(self)

@@ -63,10 +63,6 @@ class MultiTurnConfig(Config):
     tolerance: AutoRatioConfig = nested(AutoRatioConfig)
 
     def validate(self) -> MultiTurnConfig:
-        if self.target_source not in TARGET_MODES:
-            raise VkvError(
-                f"field target_source: unknown value '{self.target_source}'; choose one of {', '.join(TARGET_MODES)}"
-            )
         if self.tolerance.max_loss is not None and not self.auto_ratio:
             raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
         if self.keep_verbatim:  # the hybrid keeps its own verbatim tokens for every head

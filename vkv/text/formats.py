@@ -44,7 +44,7 @@ class Imported:
 def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = None) -> Imported:
     """Read `path` in format `fmt` into a validated transcript (id: `transcript_id`, default the file's stem)."""
     if fmt not in FORMATS:
-        raise VkvError(f"--from {fmt!r}: choose one of {', '.join(FORMATS)}")
+        raise VkvError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     p = Path(path)
     try:
         text = p.read_bytes().decode("utf-8")
