@@ -1,5 +1,7 @@
 """`vkv bench cache`: what a compressed cache costs when it decodes, padded (every KV head as long as the longest,
-the layout before ragged caches) against ragged (each head its own entries), against the uncompressed window.
+the layout before ragged caches) against ragged (each head its own entries), against the uncompressed window, and
+against the reference every figure is read beside: plain transformers, the model's own `generate()` over a DynamicCache
+holding the whole window, with the model's own attention.
 
 One process, one model: for each window and each method and ratio, the window's span is compressed once; then each
 layout is built from the same segments and answers the same question prompt followed by a fixed number of greedy
@@ -12,10 +14,13 @@ what to read.
 
 from __future__ import annotations
 
+import copy
 import gc
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.lm.ragged_attention import IMPLEMENTATIONS
 from vkv.lm.splice import splice
 from vkv.methods import get_method
 from vkv.progress import counted
@@ -43,7 +49,7 @@ QUESTION = (
     "Before we continue: list every file you changed in this session, the exact commands you ran to test them, "
     "and which of those commands failed and why."
 )
-LAYOUTS = ("full", "padded", "ragged")
+LAYOUTS = ("full", "padded", "ragged")  # vkv's caches; "transformers" is measured beside them
 
 
 def pick_window(lm: FrozenLM, path: Path, tokens: int):
@@ -94,6 +100,56 @@ def measure_layout(lm: FrozenLM, spliced, start: int, end: int, padded: bool, pr
     }
 
 
+@contextmanager
+def own_attention(model) -> Iterator[None]:
+    """The model's attention as transformers ships it (sdpa or eager, not vkv's wrapper of it) for the block."""
+    current = model.config._attn_implementation
+    base = IMPLEMENTATIONS.get(current, (None, current))[1]
+    if base != current:
+        model.set_attn_implementation(base)
+    try:
+        yield
+    finally:
+        if base != current:
+            model.set_attn_implementation(current)
+
+
+def measure_transformers(
+    lm: FrozenLM, window_ids: list[int], start: int, end: int, prompt: list[int], new: int
+) -> dict:
+    """Plain transformers on the same window: a prefill into a DynamicCache, then the model's own `generate()` of the
+    prompt and `new` greedy tokens (no early stop). Decode time per token is the difference between generating
+    `new` + 1 tokens and 1 token (the prompt's prefill and first token cancel), over `new`."""
+    model, ids = lm.model, torch.tensor([window_ids + prompt], device=lm.device)
+
+    def generate(cache, tokens: int) -> float:
+        _sync(lm.device)
+        started = time.perf_counter()
+        model.generate(
+            ids, **lm.with_cache(copy.deepcopy(cache)), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+        )
+        _sync(lm.device)
+        return time.perf_counter() - started
+
+    with own_attention(model), torch.no_grad(), working_memory(lm.device) as peak:
+        cache = model(input_ids=ids[:, : len(window_ids)], use_cache=True).past_key_values
+        layers = [(layer.keys, layer.values) for layer in cache.layers]
+        cache_bytes = sum(k.nbytes + v.nbytes for k, v in layers)
+        span_bytes = sum(k[:, :, start:end].nbytes + v[:, :, start:end].nbytes for k, v in layers)
+        seconds = generate(cache, new + 1) - generate(cache, 1)
+    return {
+        "cache_bytes": cache_bytes,
+        "span_bytes": span_bytes,
+        "peak_mb": peak["mb"],
+        "decode_ms_per_token": 1000 * seconds / new,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig, log) -> list[dict]:
     """Every method and ratio of `config` on the window of `path` nearest `tokens` tokens, each layout measured in
     alternation for `config.rounds` rounds."""
@@ -110,7 +166,7 @@ def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig
             started = time.perf_counter()
             spliced = splice(lm, work.kv, start, end, method.compress(work, ratio), [])
             seconds = time.perf_counter() - started
-            runs: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+            runs: dict[str, list[dict]] = {layout: [] for layout in (*LAYOUTS, "transformers")}
             for _ in range(config.rounds):
                 for layout in LAYOUTS:
                     cache = full if layout == "full" else spliced
@@ -118,6 +174,10 @@ def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig
                     runs[layout].append(
                         measure_layout(lm, cache, start, end, layout == "padded", prompt, config.new_tokens)
                     )
+                gc.collect()
+                runs["transformers"].append(
+                    measure_transformers(lm, rendered.ids, start, end, prompt, config.new_tokens)
+                )
             log(
                 f"  {method_name} {ratio}× compressed in {seconds:.1f} s, {time.perf_counter() - started:.0f} s with decoding"
             )
@@ -129,7 +189,7 @@ def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig
                 "ratio": ratio,
                 "ratio_entries": round((end - start) / spliced.span_entries(start, end), 3),
                 "compress_seconds": round(seconds, 2),
-                **{layout: _median_record(runs[layout]) for layout in LAYOUTS},
+                **{layout: _median_record(runs[layout]) for layout in runs},
             }
             _ratios(record)
             records.append(record)
@@ -153,6 +213,9 @@ def _ratios(record: dict) -> None:
     record["ratio_memory_padded"] = round(full["span_bytes"] / padded["span_bytes"], 3)
     record["ratio_memory_ragged"] = round(full["span_bytes"] / ragged["span_bytes"], 3)
     record["decode_ragged_over_padded"] = round(ragged["decode_ms_per_token"] / padded["decode_ms_per_token"], 3)
+    reference = record["transformers"]["decode_ms_per_token"]
+    for layout in LAYOUTS:  # what the issue of speed is read from: each layout against plain transformers
+        record[f"decode_{layout}_over_transformers"] = round(record[layout]["decode_ms_per_token"] / reference, 3)
     if ragged["peak_mb"] is not None and padded["peak_mb"]:
         record["peak_ragged_over_padded"] = round(ragged["peak_mb"] / padded["peak_mb"], 3)
 
@@ -168,7 +231,7 @@ def _line(r: dict) -> str:
 
 
 def table(records: list[dict]) -> Table:
-    t = Table(title="decoding on compressed caches: padded vs ragged (medians; ratios from the same run)")
+    t = Table(title="decoding on compressed caches against plain transformers (medians; ratios from the same run)")
     for column in (
         "window",
         "method",
@@ -177,7 +240,8 @@ def table(records: list[dict]) -> Table:
         "in memory padded → ragged",
         "cache MiB padded → ragged",
         "peak MB full / padded / ragged",
-        "ms/token full / padded / ragged",
+        "ms/token transformers / full / padded / ragged",
+        "÷ transformers: full, padded, ragged",
         "ragged ÷ padded: time, peak",
     ):
         t.add_column(column)
@@ -191,7 +255,9 @@ def table(records: list[dict]) -> Table:
             f"{r['ratio_memory_padded']:.2f}× → {r['ratio_memory_ragged']:.2f}×",
             f"{p['cache_bytes'] / 2**20:.2f} → {g['cache_bytes'] / 2**20:.2f}",
             f"{_mb(f['peak_mb'])} / {_mb(p['peak_mb'])} / {_mb(g['peak_mb'])}",
-            f"{f['decode_ms_per_token']:.1f} / {p['decode_ms_per_token']:.1f} / {g['decode_ms_per_token']:.1f}",
+            f"{r['transformers']['decode_ms_per_token']:.1f} / {f['decode_ms_per_token']:.1f} / "
+            f"{p['decode_ms_per_token']:.1f} / {g['decode_ms_per_token']:.1f}",
+            ", ".join(f"{r[f'decode_{layout}_over_transformers']:.2f}" for layout in LAYOUTS),
             f"{r['decode_ragged_over_padded']:.2f}, {r.get('peak_ragged_over_padded', float('nan')):.2f}",
         )
     return t
