@@ -178,7 +178,9 @@ def check_fields(config: Any) -> None:
         nested_type = f.metadata.get("nested")
         if nested_type is not None:
             if not isinstance(value, nested_type):
-                raise VkvError(f"{name}: field {f.name}: expected a config of type {nested_type.__name__}, got {value!r}")
+                raise VkvError(
+                    f"{name}: field {f.name}: expected a config of type {nested_type.__name__}, got {value!r}"
+                )
             continue
         if "help" not in f.metadata:  # not declared with setting()
             continue
