@@ -293,3 +293,47 @@ def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
     md = (sweep_dir / "report" / "report.md").read_text()
     assert "**Caveat: these intervals rest on fewer than 10 windows" in md and "(1 window)" in md
     assert "| ≤900 |" in md  # CPU peaks are the process's, marked as a bound
+
+
+def test_every_method_keeps_its_own_colour_and_marker_and_long_labels_get_aliases(tmp_path, figures):
+    from vkv.sweep.plots import aliases, draw_quality, methods, style
+
+    assert len({(style(i)["color"], style(i)["marker"]) for i in range(40)}) == 40
+    table = [
+        {
+            "method": "vkv",
+            "variant": f"vkv a_setting_with_a_long_name={i:02d}",
+            "ratio_requested": 2.0,
+            "ratio_achieved": 2.0 + i / 10,
+            "span_memory_kib": 2048.0 + i,
+            "keyword_accuracy": 0.01 * (i % 2),  # flat: its panel is left out
+            "choice_accuracy": i / 20,
+            "mean_retention": 1 - i / 20,
+            "windows": 12,
+        }
+        for i in range(12)
+    ]
+    names = aliases(methods(table))
+    notes = draw_quality(table, tmp_path / "q.png", names)
+    quality = figures["q.png"]
+    for ax in quality.axes:  # 12 curves per panel, no two alike in colour and marker
+        drawn = {(line.get_color(), line.get_marker()) for line in ax.lines if line.get_marker() not in (None, "None")}
+        assert len(drawn) == 12
+    assert "keyword accuracy" not in {ax.get_title() for ax in quality.axes}
+    assert any("Not drawn: keyword accuracy" in n for n in notes)
+    assert "vkv-1 (12 windows)" in _texts(quality) and "a_setting" not in _texts(quality)
+    assert "- `vkv-1`: vkv a_setting_with_a_long_name=00" in notes
+    assert [t.get_text() for t in quality.axes[-1].get_xticklabels()][0] == "2"  # MiB, plain
+
+
+def test_the_question_heatmap_leaves_out_questions_that_fail_everywhere(tmp_path, figures):
+    from vkv.sweep.plots import draw_heatmap
+
+    grid = [[1.0, 0.0], [0.0, 0.0], [None, 0.0], [0.0, 1.0]]
+    notes = draw_heatmap(["full", "vkv 2×"], ["w / a", "w / b", "w / c", "w / d"], grid, tmp_path / "h.png", {})
+    (ax,) = figures["h.png"].axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["w / a", "w / d"]
+    assert ax.get_images()[0].get_array().shape == (2, 2)
+    assert "2 questions that fail in every column are not shown" in ax.get_title()
+    assert "2 of 4 questions fail the keyword check in every column and are not drawn." in notes
+    assert draw_heatmap(["full"], ["w / b"], [[0.0]], tmp_path / "none.png", {}) is None

@@ -486,33 +486,35 @@ def print_tables(console, results: SweepResults, table_rows: list[dict], paired_
 # ---- plots -----------------------------------------------------------------------------------------------
 
 
-def plots(results: SweepResults, table_rows: list[dict], out: Path) -> list[str]:
-    """Write the PNGs that have data (vkv.sweep.plots); returns their file names. Needs matplotlib (pip install
-    'vkv[plots]')."""
+def plots(results: SweepResults, table_rows: list[dict], out: Path) -> dict[str, list[str]]:
+    """Write the PNGs that have data (vkv.sweep.plots); returns {file name: report.md lines under it (alias key,
+    what was left out)}. Needs matplotlib (pip install 'vkv[plots]')."""
     try:
         import matplotlib  # optional dependency (vkv[plots])
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: F401
     except ImportError:
-        return []
+        return {}
     from vkv.sweep import plots as draw
 
     out.mkdir(parents=True, exist_ok=True)
+    names = draw.aliases(draw.methods(table_rows))  # one alias per long label, the same in every figure
     drawn = {
-        "quality": lambda path: draw.draw_quality(table_rows, path),
-        "distance": lambda path: draw.draw_distance(*breakdown(results, "distance_tokens"), table_rows, path),
-        "loss": lambda path: draw.draw_losses(results.lines, path),
-        "heatmap": lambda path: draw.draw_heatmap(*per_question(results), path),
+        "quality": lambda path: draw.draw_quality(table_rows, path, names),
+        "distance": lambda path: draw.draw_distance(*breakdown(results, "distance_tokens"), table_rows, path, names),
+        "loss": lambda path: draw.draw_losses(results.lines, path, names),
+        "heatmap": lambda path: draw.draw_heatmap(*per_question(results), path, names),
     }
-    return [PLOTS[name] for name, plot in drawn.items() if plot(out / PLOTS[name])]
+    notes = {PLOTS[name]: plot(out / PLOTS[name]) for name, plot in drawn.items()}
+    return {image: lines for image, lines in notes.items() if lines is not None}
 
 
 # ---- report.md -------------------------------------------------------------------------------------------
 
 
 def markdown(
-    results: SweepResults, table_rows: list[dict], images: list[str], paired_rows: list[dict] | None = None
+    results: SweepResults, table_rows: list[dict], images: dict[str, list[str]], paired_rows: list[dict] | None = None
 ) -> str:
     """report.md: where the numbers come from, the results table, then each section that has data."""
     out = _markdown_header(results) + _markdown_results(table_rows)
@@ -644,22 +646,28 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
 
 
 CAPTIONS = {
-    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nOne colour and marker per method variant; "
-    "x ticks at the values measured. Dashed: full context; dotted: no context; bars: 95% window-bootstrap intervals "
-    "(choice accuracy and retention); the legend gives each variant's windows, † where fewer than 10.",
+    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nOne colour and marker per method variant "
+    "(long labels by alias, keyed under the figure); x ticks at the values measured. Dashed: full context; dotted: "
+    "no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend gives each "
+    "variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left out.",
     PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio, every method variant run at it "
-    "drawn; a panel names the variants without a point there and why. Bars: 95% window-bootstrap intervals.",
-    PLOTS["loss"]: "## Optimisation loss curves",
+    "drawn, nudged sideways so bars do not overlap; a panel names the variants without a point there and why. Tick "
+    "labels give each bucket's questions (n); hollow markers: buckets with fewer than 2 windows or questions. Bars: "
+    "95% window-bootstrap intervals.",
+    PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
+    "virtual tokens against their targets, mean over layers; log scale), one line per window's run, coloured by "
+    "requested ratio; no error bars.",
     PLOTS["heatmap"]: "## Which facts degrade first\n\nWhether the greedy answer passes the keyword check, per "
     "question and column (blue: passes, grey: fails, white: not run; with several runs per cell, their share on a "
-    "cividis scale); rows with the fewest correct cells are at the bottom.",
+    "cividis scale). Questions that fail in every column, full context included, are left out; the rest are "
+    "ordered with those the full context answers first, fewest passing columns at the bottom.",
 }
 
 
-def _markdown_plots(images: list[str]) -> list[str]:
+def _markdown_plots(images: dict[str, list[str]]) -> list[str]:
     out = []
-    for image in images:
-        out += ["", CAPTIONS[image], "", f"![{image}]({image})"]
+    for image, notes in images.items():
+        out += ["", CAPTIONS[image], "", f"![{image}]({image})", *notes]
     if not images:
         out += ["", "_No plots: install matplotlib (`pip install 'vkv[plots]'`)._"]
     return out
