@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from vkv.compress.budget import span_budget
+from vkv.compress.session import is_turn_range
 from vkv.errors import VkvError
 from vkv.evals.runner import span_work
 from vkv.kv.file import cache_metadata, transcript_record
@@ -53,6 +54,10 @@ def compress(
 
     The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
     mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
+    if turns is not None and not is_turn_range(turns):
+        raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise VkvError(f"field ratio: expected a number above 1 (span tokens per entry), got {ratio!r}")
     chosen = _kv_method(method, options)
     transcript = messages if isinstance(messages, Transcript) else _transcript(messages)
     lm = frozen(model, tokenizer)

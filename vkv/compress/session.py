@@ -45,6 +45,10 @@ from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Tran
 
 class Session:
     def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None):
+        if not isinstance(model, FrozenLM):
+            raise VkvError(f"Session: field model: expected a model from vkv.load_model(...), got {model!r}")
+        if config is not None and not isinstance(config, MultiTurnConfig):
+            raise VkvError(f"Session: field config: expected a vkv.MultiTurnConfig, got {config!r}")
         self.lm = model
         self.config = (config or MultiTurnConfig(target_source="online")).validate()
         self.format = ChatFormat(model.tokenizer)
@@ -164,6 +168,8 @@ class Session:
         return method.turn_compressor(self.lm, self.ids, starts, roles, self.config.compress.optim.seed)
 
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
+        if turns is not None and not is_turn_range(turns):
+            raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
         compressed = [i for i, s in enumerate(self.cache.segments) if s.kind != "verbatim"]
         if turns is None:
             system = 1 if self.messages and self.messages[0].role == "system" else 0
@@ -179,6 +185,8 @@ class Session:
     # ---- using the context ---------------------------------------------------------------------------
     def ask(self, question: str, answer_prefix: str = "", max_new_tokens: int = 64) -> str:
         """Greedy answer to a user question continuing the conversation (the session is not changed)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise VkvError(f"ask: field max_new_tokens: expected a whole number of at least 1, got {max_new_tokens!r}")
         answer = Context(self.lm, self.cache).greedy(self.prompt_ids(question, answer_prefix), max_new_tokens)
         return self.lm.tokenizer.decode(answer, skip_special_tokens=True)
 
@@ -186,6 +194,11 @@ class Session:
         """The ids that continue the conversation with a user question and the assistant's answer prefix."""
         if not self.turns:
             raise VkvError("the session is empty; append messages before asking")
+        for name, value in (("question", question), ("answer_prefix", answer_prefix)):
+            if not isinstance(value, str) or (name == "question" and not value.strip()):
+                raise VkvError(
+                    f"field {name}: expected {'a non-empty' if name == 'question' else 'a'} string, got {value!r}"
+                )
         rendered, transcript = self.rendered(), self.transcript()
         return followup(self.lm.tokenizer, rendered, transcript, question, answer_prefix, self.format)[0]
 
@@ -230,6 +243,8 @@ class Session:
     # ---- files ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
         self._require_per_message("be saved as a session")
+        if not Path(path).parent.is_dir():
+            raise VkvError(f"{path}: the directory {Path(path).parent} does not exist")
         meta = cache_metadata(
             self.lm,
             session={
@@ -287,3 +302,12 @@ def message_dict(message: Message) -> dict[str, Any]:
 
 def ids_digest(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+
+
+def is_turn_range(turns: Any) -> bool:
+    """Whether `turns` is (first, last): two whole numbers (messages first..last-1)."""
+    return (
+        isinstance(turns, (tuple, list))
+        and len(turns) == 2
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in turns)
+    )
