@@ -5,8 +5,9 @@ Each run's recorded grid point is read in today's spelling (`head_share` → `he
 `sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and settings), its
 method is rebuilt with today's code and its identity's config replaced by the method's config now; the id is the
 hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a setting it
-recorded has another value today (a changed default changes what the run would do; only settings added since, at
-their defaults, may appear).
+recorded has another value today (a changed default changes what the run would do), or when a setting added since
+resolves to anything but its declared default (a default that depends on the rest of the recipe, such as vkv's
+virtual_offset beside a verbatim share, is a behaviour the old code did not have).
 
     python scripts/remap_run_ids.py runs/benchmark            # show what would change
     python scripts/remap_run_ids.py runs/benchmark --write    # rewrite results*.jsonl in place (atomically)
@@ -15,12 +16,14 @@ their defaults, may appear).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from vkv.errors import VkvError
 from vkv.io import write_text_atomic
+from vkv.methods import METHODS
 from vkv.sweep.grid import build_method
 from vkv.sweep.plan import identity_hash
 
@@ -56,7 +59,26 @@ def remapped(record: dict) -> dict:
             "settings mean something else today: "
             + ", ".join(f"{k} {before[k]!r} → {now.get(k, 'gone')!r}" for k in changed)
         )
+    declared = declared_defaults(point["method"])
+    resolved = sorted(k for k in now if k not in before and k in declared and now[k] != declared[k])
+    if resolved:  # a setting added since whose default depends on the rest of the recipe: the old run had none
+        raise VkvError(
+            "settings added since resolve to a value the old code did not have: "
+            + ", ".join(f"{k} {now[k]!r} (declared default {declared[k]!r})" for k in resolved)
+        )
     return {**record, "run_id": identity_hash(identity), "run": point, "identity": identity}
+
+
+def declared_defaults(method: str) -> dict:
+    """The declared default of every setting of `method` and of its recipe, by field name (a config's top-level keys)."""
+    cls = METHODS[method]
+    out = {}
+    for config in (cls, cls.recipe_class):
+        if config is not None:
+            for f in dataclasses.fields(config):
+                if f.default is not dataclasses.MISSING:
+                    out.setdefault(f.name, f.default)
+    return out
 
 
 def main() -> int:
