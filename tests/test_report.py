@@ -279,8 +279,11 @@ def test_the_question_heatmap_of_yes_no_data_has_two_colours_and_no_colour_bar(s
     assert run_report(sweep_dir) == 0
     heatmap = figures["question_heatmap.png"]
     assert len(heatmap.axes) == 1  # no continuous colour bar
-    (image,) = heatmap.axes[0].get_images()
-    assert image.get_cmap().N == 2 and "passes" in _texts(heatmap)
+    (mesh,) = heatmap.axes[0].collections
+    assert mesh.get_cmap().N == 2 and "passes" in _texts(heatmap) and "not run" in _texts(heatmap)
+    loss = figures["loss_curves.png"]
+    assert "no loss curve (no optimiser): full, none, truncate" in _texts(loss)
+    assert all("mean over layers" in ax.get_ylabel() for ax in loss.axes)
 
 
 def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
@@ -316,14 +319,16 @@ def test_every_method_keeps_its_own_colour_and_marker_and_long_labels_get_aliase
     names = aliases(methods(table))
     notes = draw_quality(table, tmp_path / "q.png", names)
     quality = figures["q.png"]
-    for ax in quality.axes:  # 12 curves per panel, no two alike in colour and marker
+    drawn_axes = [ax for ax in quality.axes if ax.axison]  # 3 panels in a 2 × 2 grid: one cell blank
+    assert len(drawn_axes) == 3 and quality.get_figwidth() <= 12
+    for ax in drawn_axes:  # 12 curves per panel, no two alike in colour and marker
         drawn = {(line.get_color(), line.get_marker()) for line in ax.lines if line.get_marker() not in (None, "None")}
         assert len(drawn) == 12
     assert "keyword accuracy" not in {ax.get_title() for ax in quality.axes}
     assert any("Not drawn: keyword accuracy" in n for n in notes)
     assert "vkv-1 (12 windows)" in _texts(quality) and "a_setting" not in _texts(quality)
     assert "- `vkv-1`: vkv a_setting_with_a_long_name=00" in notes
-    assert [t.get_text() for t in quality.axes[-1].get_xticklabels()][0] == "2"  # MiB, plain
+    assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
 
 
 def test_the_question_heatmap_leaves_out_questions_that_fail_everywhere(tmp_path, figures):
@@ -333,7 +338,32 @@ def test_the_question_heatmap_leaves_out_questions_that_fail_everywhere(tmp_path
     notes = draw_heatmap(["full", "vkv 2×"], ["w / a", "w / b", "w / c", "w / d"], grid, tmp_path / "h.png", {})
     (ax,) = figures["h.png"].axes
     assert [t.get_text() for t in ax.get_yticklabels()] == ["w / a", "w / d"]
-    assert ax.get_images()[0].get_array().shape == (2, 2)
+    assert ax.collections[0].get_array().shape == (2, 2)
     assert "2 questions that fail in every column are not shown" in ax.get_title()
     assert "2 of 4 questions fail the keyword check in every column and are not drawn." in notes
     assert draw_heatmap(["full"], ["w / b"], [[0.0]], tmp_path / "none.png", {}) is None
+
+
+def test_the_question_heatmap_keeps_its_height_and_the_rows_where_methods_disagree(tmp_path, figures):
+    from vkv.sweep.plots import MAX_HEIGHT, MAX_ROWS, draw_heatmap
+
+    agree = [[1.0, 1.0, 1.0]] * (MAX_ROWS + 5)  # full and both methods pass: nothing to tell apart
+    grid = [*agree, [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
+    names = [f"w / {i}" for i in range(len(grid))]
+    notes = draw_heatmap(["full", "a 2×", "b 2×"], names, grid, tmp_path / "h.png", {})
+    fig = figures["h.png"]
+    assert fig.get_figheight() <= MAX_HEIGHT
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) == MAX_ROWS and labels[-2:] == names[-2:]  # the disagreeing rows stay
+    assert "nor 7 where the methods agree most" in fig.axes[0].get_title()
+    assert "7 more, where the methods agree most, are left out" in notes[1]
+    assert "full context fails" in _texts(fig)  # the line between the groups is labelled
+
+
+def test_quality_points_are_nudged_sideways_and_laid_out_two_panels_a_row(sweep_dir, figures):
+    assert run_report(sweep_dir) == 0
+    quality = figures["quality_vs_ratio.png"]
+    assert quality.get_figwidth() <= 12
+    ax = next(ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel())
+    at_two = sorted(x for line in ax.lines for x in line.get_xdata() if 1.8 < x < 2.2)
+    assert len(at_two) == 3 and len(set(at_two)) == 3 and at_two[0] < 2.0 < at_two[-1]  # 3 methods run at 2×

@@ -25,6 +25,8 @@ LINESTYLES = ("-", "--", ":", "-.")
 INTERVALS = "error bars: 95 % window-bootstrap intervals"
 LONG_LABEL = 28  # longer labels crowd legends and ticks: the figures use an alias, report.md gives the full label
 FLAT = 0.05  # a quality panel whose values span less than this across methods cannot tell them apart
+ROW_INCH, FRAME_INCH, MAX_HEIGHT = 0.18, 2.5, 14.0  # the question heatmap: per row, title and labels, at most
+MAX_ROWS = int((MAX_HEIGHT - FRAME_INCH) / ROW_INCH)  # questions that fit
 
 
 def style(index: int) -> dict:
@@ -72,14 +74,45 @@ def measured_ticks(values: list[float], closest: float = 0.12) -> list[float]:
     return out
 
 
-def set_log_ticks(axis, values: list[float], label) -> None:
-    """A log axis ticked at `values` only, each labelled by `label(value)`."""
+def set_log_ticks(axis, ticks: list[float], label) -> None:
+    """A log axis ticked at `ticks` only, each labelled by `label(value)`."""
     import matplotlib.ticker as ticker  # optional dependency (vkv[plots])
 
-    ticks = measured_ticks(values)
     axis.set_major_locator(ticker.FixedLocator(ticks))
     axis.set_major_formatter(ticker.FixedFormatter([label(t) for t in ticks]))
     axis.set_minor_locator(ticker.NullLocator())
+
+
+def nudge(index: int, count: int, step: float) -> float:
+    """The sideways offset of the index-th of `count` methods, centred on 0, so points at one x do not overlap."""
+    return (index - (count - 1) / 2) * step
+
+
+def round_ticks(values: list[float]) -> list[float]:
+    """A few round ticks within `values`' range (give or take 10 %, the points' nudge): 1, 2, 5 × a power of ten, then 1, 2, 3, 5 ×, then every 1–9 ×,
+    the first that gives at least 3 (or the last, or the smallest value rounded, when the range is narrow)."""
+    if not values:
+        return []
+    lo, hi = min(values), max(values)
+    decades = range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+    for subs in ((1, 2, 5), (1, 2, 3, 5), range(1, 10)):
+        ticks = [m * 10.0**k for k in decades for m in subs if lo / 1.1 <= m * 10.0**k <= hi * 1.1]
+        if len(ticks) >= 3:
+            break
+    return ticks or [float(f"{lo:.2g}")]
+
+
+def _grid(count: int, width: float = 6.0, height: float = 4.6, **shared):
+    """A figure of `count` panels in a grid of at most 2 columns (within a page's 12 inches, text readable); the
+    unused cells are blank. Returns (fig, the axes of the panels)."""
+    import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
+
+    cols = min(2, count)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **shared)
+    for ax in axes.flat[count:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:count])
 
 
 def window_label(variant: str, windows: int) -> str:
@@ -123,10 +156,9 @@ QUALITY_PANELS = (  # (y metric, its interval, x metric, title, y label)
 
 def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
     """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
-    in memory, one colour and marker per method variant, intervals as error bars; a panel whose values hardly vary
-    across methods is left out and named in report.md."""
-    import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
-
+    in memory, one colour and marker per method variant (nudged sideways on the log x axis so points and intervals
+    at one x stay apart), intervals as error bars, at most 2 panels a row; a panel whose values hardly vary across
+    methods is left out and named in report.md."""
     variants = methods(table_rows)
     curves = {v: [r for r in table_rows if r["variant"] == v and r["ratio_achieved"]] for v in variants}
     if not any(curves.values()):
@@ -141,9 +173,10 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str]) -> l
             dropped.append(f"{panel[3]} (every method {spread})")
     if not panels:
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 5), squeeze=False)
+    fig, axes = _grid(len(panels))
     handles = {}
-    for ax, (key, interval, x_key, title, y_label) in zip(axes.flat, panels):
+    step = min(0.025, 0.25 / len(variants))  # log-x units: the spread of a ratio's points stays under ±0.13
+    for ax, (key, interval, x_key, title, y_label) in zip(axes, panels):
         for index, variant in enumerate(variants):
             pts = sorted((p for p in curves[variant] if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
             if not pts:
@@ -152,9 +185,8 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str]) -> l
             if interval and all(p.get(interval) for p in pts):
                 errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
             label = window_label(names.get(variant, variant), min(p.get("windows", 0) for p in pts))
-            handles[label] = ax.errorbar(
-                [p[x_key] for p in pts], [p[key] for p in pts], yerr=errors, capsize=3, label=label, **style(index)
-            )
+            xs = [p[x_key] * math.exp(nudge(index, len(variants), step)) for p in pts]
+            handles[label] = ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **style(index))
         for ref, line in zip(REFERENCES, ("--", ":")):
             values = [r[key] for r in table_rows if r["method"] == ref and r[key] is not None]
             if values:
@@ -175,11 +207,11 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str]) -> l
 
 def _quality_axes(ax, xs: list[float], x_key: str) -> None:
     ax.set_xscale("log")
-    if x_key == "ratio_achieved":
-        set_log_ticks(ax.xaxis, xs, lambda x: f"{x:g}×")
+    if x_key == "ratio_achieved":  # every method's ratios measured: few distinct ones
+        set_log_ticks(ax.xaxis, measured_ticks(xs), lambda x: f"{x:g}×")
         ax.set_xlabel("achieved ratio (span tokens per entry; log scale)")
-    else:
-        set_log_ticks(ax.xaxis, xs, lambda x: f"{x / 1024:.3g}")  # KiB recorded, MiB shown
+    else:  # bytes differ by method at one ratio: round MiB (KiB recorded) rather than some methods' values
+        set_log_ticks(ax.xaxis, [t * 1024 for t in round_ticks([x / 1024 for x in xs])], lambda x: f"{x / 1024:g}")
         ax.set_xlabel("span MiB in memory per window (decoding cache; log scale)")
     if len(ax.get_xticks()) > 6:
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
@@ -190,21 +222,15 @@ def draw_distance(columns: list[str], cells: dict, table_rows: list[dict], path:
     sideways so error bars at one bucket do not overlap), intervals as error bars, hollow markers where a bucket holds
     fewer than 2 windows or questions (no interval to speak of), one legend for every panel; the notes name the
     variants each panel does not draw and why."""
-    import matplotlib.pyplot as plt  # optional dependency, as above
-
     ratios = sorted({ratio for (_, ratio) in cells if ratio})
     if len(columns) < 2 or not ratios:
         return None
     variants = methods(table_rows)
     windows = {(r["variant"], r["ratio_requested"]): r.get("windows", 0) for r in table_rows}
     step = min(0.08, 0.6 / len(variants))  # sideways offset between methods, within a bucket's slot
-    cols = min(3, len(ratios))
-    fig, axes = plt.subplots(
-        math.ceil(len(ratios) / cols), cols, figsize=(6.5 * cols, 4.6 * math.ceil(len(ratios) / cols)),
-        squeeze=False, sharey=True,
-    )  # fmt: skip
+    fig, axes = _grid(len(ratios), sharey=True)
     handles, notes, thin = {}, [], False
-    for ax, ratio in zip(axes.flat, ratios):
+    for ax, ratio in zip(axes, ratios):
         missing, counts = [], defaultdict(set)
         for index, variant in enumerate(variants):
             row = cells.get((variant, ratio))
@@ -215,7 +241,7 @@ def draw_distance(columns: list[str], cells: dict, table_rows: list[dict], path:
             points = [(i, row[c]) for i, c in enumerate(columns) if c in row]
             for i, c in points:
                 counts[i].add(c.questions)
-            xs = [i + (index - (len(variants) - 1) / 2) * step for i, _ in points]
+            xs = [i + nudge(index, len(variants), step) for i, _ in points]
             errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
             drawn = ax.errorbar(xs, [c.mean for _, c in points], yerr=errors, capsize=3, **style(index))
             handles.setdefault(variant, drawn)
@@ -234,9 +260,7 @@ def draw_distance(columns: list[str], cells: dict, table_rows: list[dict], path:
         if missing:
             notes.append(f"not drawn at {ratio:g}×: " + "; ".join(missing))
     bounds = [v for row in cells.values() for c in row.values() for v in (c.low, c.high)]
-    axes[0, 0].set_ylim(min([0.0, *bounds]) - 0.05, max([1.0, *bounds]) + 0.05)  # shared by every panel
-    for ax in list(axes.flat)[len(ratios) :]:
-        ax.axis("off")
+    axes[0].set_ylim(min([0.0, *bounds]) - 0.05, max([1.0, *bounds]) + 0.05)  # shared by every panel
     lines = [f"{INTERVALS}. Full context (retention 1) and no context (0) are not drawn."]
     lines += ["Hollow markers: buckets with fewer than 2 windows or questions (no real interval)."] if thin else []
     lines += [*notes, *few_windows_note(list(windows.values()))]
@@ -250,48 +274,65 @@ def _span(values: set) -> str:
 
 
 def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
-    """Each method variant's optimisation loss per step, one line per window's run, one colour per requested ratio
-    (viridis: colour-blind safe and ordered like the ratios)."""
-    import matplotlib.pyplot as plt  # optional dependency, as above
-    import matplotlib.ticker as ticker
+    """Each optimising method variant's loss per step: per requested ratio, the median over windows with the
+    interquartile range shaded (one colour and marker per ratio); a log y axis only where the losses span more than a
+    decade. The notes name the variants without a loss curve (no optimiser)."""
+    import matplotlib.ticker as ticker  # optional dependency, as above
     from matplotlib.lines import Line2D
 
-    traced = defaultdict(list)
+    traced, untraced = defaultdict(list), set()
     for line in lines:
         if len(line["result"].get("loss_trace") or []) > 1:  # meanpool records only its initial loss
             traced[line["variant"]].append(line)
+        else:
+            untraced.add(line["variant"])
     if not traced:
         return None
-    n = len(traced)
-    cols = min(3, n)
-    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(5 * cols, 3.8 * math.ceil(n / cols)), squeeze=False)
+    fig, axes = _grid(len(traced), height=3.8)
     ratios = sorted({line["result"]["ratio_requested"] for g in traced.values() for line in g})
-    colours = {r: plt.cm.viridis(0.85 * i / max(len(ratios) - 1, 1)) for i, r in enumerate(ratios)}
-    for ax, (variant, group) in zip(axes.flat, sorted(traced.items())):
-        for line in group:
-            ax.plot(line["result"]["loss_trace"], color=colours[line["result"]["ratio_requested"]], alpha=0.7)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # 0.3, not 3×10⁻¹
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+    styles = {r: style(i) for i, r in enumerate(ratios)}
+    for ax, (variant, group) in zip(axes, sorted(traced.items())):
+        every = []
+        for ratio in ratios:
+            traces = [x["result"]["loss_trace"] for x in group if x["result"]["ratio_requested"] == ratio]
+            if not traces:
+                continue
+            padded = np.full((len(traces), max(map(len, traces))), np.nan)  # runs may stop at different steps
+            for row, trace in zip(padded, traces):
+                row[: len(trace)] = trace
+            low, median, high = np.nanpercentile(padded, (25, 50, 75), axis=0)
+            steps = np.arange(len(median))
+            ax.fill_between(steps, low, high, color=styles[ratio]["color"], alpha=0.2, linewidth=0)
+            ax.plot(steps, median, markevery=max(1, len(steps) // 10), **styles[ratio])
+            every += [*low, *high]
+        optim = group[0]["identity"]["config"].get("optim") or {}
+        scale = ""
+        if max(every) > 10 * min(every) > 0:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # 0.3, not 3×10⁻¹
+            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+            scale = "; log scale"
+        ax.set_ylabel(f"{optim.get('loss', 'the recipe')} loss against the targets\n(mean over layers{scale})")
         ax.set_title(names.get(variant, variant), fontsize=9)
         ax.set_xlabel("optimisation step")
-        optim = group[0]["identity"]["config"].get("optim") or {}
-        ax.set_ylabel(f"{optim.get('loss', '')} loss (log scale)".strip())
         ax.grid(alpha=0.3, which="both")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle("optimiser loss per step: each line is one window's run (no error bars)", fontsize=10)
-    handles = {f"{r:g}×": Line2D([], [], color=colours[r]) for r in ratios}  # in ratio order
-    _finish(fig, path, [], handles, title="requested ratio")
-    return alias_key(names, traced)
+    fig.suptitle("optimiser loss per step: median over windows, band: interquartile range", fontsize=10)
+    none = ", ".join(sorted(names.get(v, v) for v in untraced - set(traced)))
+    notes = [f"Only optimising methods are drawn; no loss curve (no optimiser): {none}."] if none else []
+    handles = {f"{r:g}×": Line2D([], [], **styles[r]) for r in ratios}  # in ratio order
+    _finish(fig, path, notes, handles, title="requested ratio")
+    return alias_key(names, set(traced) | untraced)
 
 
 def draw_heatmap(cols: list[str], questions: list[str], grid: list[list], path: Path, names: dict[str, str]):
     """Per question and column, whether the greedy answer passes the keyword check: two colours when every cell is
-    yes or no (one run each), a sequential colour-blind-safe scale (cividis) for shares of several runs. Questions
-    that fail in every column say nothing about which facts degrade first: they are counted, not drawn."""
+    yes or no (one run each), a sequential colour-blind-safe scale (cividis) for shares of several runs; thin white
+    cell borders, a line between the questions the full context passes and those it fails. Questions that fail in
+    every column say nothing about which facts degrade first: they are counted, not drawn; beyond MAX_ROWS, the
+    questions where the methods agree most are left out too (and counted)."""
     import matplotlib.pyplot as plt  # optional dependency, as above
+    import matplotlib.transforms as transforms
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
 
@@ -299,31 +340,54 @@ def draw_heatmap(cols: list[str], questions: list[str], grid: list[list], path: 
     if not keep:
         return None
     dropped = len(questions) - len(keep)
+    methods_at = [j for j, c in enumerate(cols) if c not in REFERENCES]
+
+    def agreement(i: int) -> float:  # the smaller of the passing and failing shares among the methods' cells
+        values = [grid[i][j] for j in methods_at if grid[i][j] is not None]
+        return -min(sum(values), len(values) - sum(values))
+
+    crowded = set(sorted(keep, key=agreement)[MAX_ROWS:])  # sorted() is stable: ties keep the earlier rows
+    keep = [i for i in keep if i not in crowded]
     data = np.array([[np.nan if v is None else v for v in grid[i]] for i in keep], dtype=float)
     binary = bool(np.isin(data[~np.isnan(data)], (0.0, 1.0)).all())
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(cols) + 4), max(3, 0.3 * len(keep) + 2)))
+    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(cols) + 4), max(3, FRAME_INCH + ROW_INCH * len(keep))))
     ax.set_facecolor("white")
+    cells = {"edgecolors": "white", "linewidth": 0.3, "vmin": 0, "vmax": 1}
+    handles = None
     if binary:
-        colours = ("#E8E8E8", OKABE_ITO[0])  # wrong: light grey, right: blue (distinct to every colour vision)
-        ax.imshow(np.ma.masked_invalid(data), cmap=ListedColormap(colours), vmin=0, vmax=1, aspect="auto")
-        legend = [Patch(color=colours[1], label="passes"), Patch(color=colours[0], label="fails")]
-        legend.append(Patch(facecolor="white", edgecolor="grey", label="not run"))
-        ax.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, title="keyword check")
+        colours = ("#A0A0A0", OKABE_ITO[0])  # fails: mid grey (apart from white "not run"), passes: blue
+        ax.pcolormesh(np.ma.masked_invalid(data), cmap=ListedColormap(colours), **cells)
+        handles = {"passes": Patch(color=colours[1]), "fails": Patch(color=colours[0])}
+        handles["not run"] = Patch(facecolor="white", edgecolor="grey")
     else:
-        image = ax.imshow(np.ma.masked_invalid(data), cmap="cividis", vmin=0, vmax=1, aspect="auto")
-        fig.colorbar(image, ax=ax, fraction=0.03, label="share of runs passing the keyword check")
-    ax.set_xticks(range(len(cols)), [_short_column(c, names) for c in cols], rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(keep)), [questions[i] for i in keep], fontsize=7)
+        mesh = ax.pcolormesh(np.ma.masked_invalid(data), cmap="cividis", **cells)
+        fig.colorbar(mesh, ax=ax, fraction=0.03, label="share of runs passing the keyword check")
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(keep), 0)  # first question on top
+    ax.set_xticks(np.arange(len(cols)) + 0.5, [_short_column(c, names) for c in cols], rotation=60, ha="right",
+                  fontsize=8)  # fmt: skip
+    ax.set_yticks(np.arange(len(keep)) + 0.5, [questions[i] for i in keep], fontsize=7)
+    if "full" in cols:  # rows come ordered with those the full context passes on top
+        passes = sum((grid[i][cols.index("full")] or 0) >= 0.5 for i in keep)
+        if 0 < passes < len(keep):
+            ax.axhline(passes, color="black", linewidth=1.5)
+            beside = transforms.blended_transform_factory(ax.transAxes, ax.transData)
+            for text, va in (("▲ full context passes", "bottom"), ("▼ full context fails", "top")):
+                ax.text(1.01, passes, text, transform=beside, va=va, fontsize=8)
     ax.set_xlabel("method and requested ratio")
     ax.set_ylabel("window / question")
+    left_out = f"{dropped} questions that fail in every column are not shown"
+    if crowded:
+        left_out += f", nor {len(crowded)} where the methods agree most (figure height)"
     ax.set_title(
-        f"keyword check of the {len(keep)} questions that pass in some column (those full context passes on top, "
-        f"fewest passes at the bottom)\n{dropped} questions that fail in every column are not shown; no error bars "
-        "(a cell is one run, or the share of several)",
+        f"keyword check of {len(keep)} questions (those full context passes on top, fewest passes at the bottom)\n"
+        f"{left_out}; no error bars (a cell is one run, or the share of several)",
         fontsize=9,
     )
-    _finish(fig, path, [])
+    _finish(fig, path, [], handles, title="keyword check")
     md = ["", f"{dropped} of {len(questions)} questions fail the keyword check in every column and are not drawn."]
+    if crowded:
+        md[-1] += f" To keep the figure readable, {len(crowded)} more, where the methods agree most, are left out."
     return md + alias_key(names, {c.rpartition(" ")[0] for c in cols} | set(cols))
 
 

@@ -647,7 +647,8 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
 
 CAPTIONS = {
     PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nOne colour and marker per method variant "
-    "(long labels by alias, keyed under the figure); x ticks at the values measured. Dashed: full context; dotted: "
+    "(long labels by alias, keyed under the figure), each nudged sideways on the log x axis so points and bars at one "
+    "ratio stay apart; ratio ticks at the ratios measured, memory ticks at round MiB. Dashed: full context; dotted: "
     "no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend gives each "
     "variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left out.",
     PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio, every method variant run at it "
@@ -655,12 +656,14 @@ CAPTIONS = {
     "labels give each bucket's questions (n); hollow markers: buckets with fewer than 2 windows or questions. Bars: "
     "95% window-bootstrap intervals.",
     PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
-    "virtual tokens against their targets, mean over layers; log scale), one line per window's run, coloured by "
-    "requested ratio; no error bars.",
+    "virtual tokens against their targets, mean over layers), per requested ratio the median over windows with the "
+    "interquartile range shaded; a log axis only where the losses span more than a decade. Only optimising methods "
+    "have a curve: the figure names the others.",
     PLOTS["heatmap"]: "## Which facts degrade first\n\nWhether the greedy answer passes the keyword check, per "
     "question and column (blue: passes, grey: fails, white: not run; with several runs per cell, their share on a "
     "cividis scale). Questions that fail in every column, full context included, are left out; the rest are "
-    "ordered with those the full context answers first, fewest passing columns at the bottom.",
+    "ordered with those the full context answers first (a black line ends them), fewest passing columns at the "
+    "bottom. When more rows than fit remain, those where the methods agree most are left out too (counted below).",
 }
 
 
