@@ -61,7 +61,7 @@ def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir,
         os.write(fd, b"Which library hashes passwords?\n")
         _read_until(fd, seen, b"you> ")  # answered, and kept
         os.write(fd, b"List every file the agent touched, in detail.\n")
-        _read_until(fd, seen, b"in detail.")  # the terminal's echo; the answer starts (or has ended)
+        _read_until(fd, seen, b"in detail.\r\n")  # the line taken; the answer starts (or has ended)
         os.write(fd, b"\x03")  # Ctrl-C: stops the answer, or clears the prompt's line if it has ended
         text = _read_until(fd, seen, b"you> ")
         stopped = "answer stopped" in text
@@ -80,8 +80,9 @@ def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir,
     assert os.waitstatus_to_exitcode(code) == 0 and "Traceback" not in text
     session = Session.load(saved, smol)
     asked = [m.content for m in session.messages if m.role == "user"]
-    assert (
-        asked[-2 + stopped :]
-        == ["Which library hashes passwords?", "List every file the agent touched, in detail."][: 2 - stopped]
-    )  # a stopped answer's question is not kept
+    # the second question is kept only when its answer ended before the Ctrl-C; a Ctrl-C just after Enter may still
+    # clear the line inside input() (Python checks for it when readline returns), so it is then never asked
+    kept = asked[-1] == "List every file the agent touched, in detail."
+    assert asked[-1 - kept] == "Which library hashes passwords?"  # the first exchange is kept either way
+    assert not (stopped and kept)  # a stopped answer's question is not kept
     assert (home / "chat_history").is_file()  # readline's history, for the next chat

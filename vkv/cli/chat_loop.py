@@ -63,15 +63,18 @@ class Chat:
         history_file = _readline_history() if self.interactive else None
         try:
             while True:
-                line = self.read("you> ")
-                if line is None:  # Ctrl-D, or the pipe's end
-                    break
-                question = line.strip()
-                if question.startswith("/"):
-                    if self.slash_command(question):
+                try:
+                    line = self.read("you> ")
+                    if line is None:  # Ctrl-D, or the pipe's end
                         break
-                elif question:
-                    self.exchange(question)
+                    question = line.strip()
+                    if question.startswith("/"):
+                        if self.slash_command(question):
+                            break
+                    elif question:
+                        self.exchange(question)
+                except KeyboardInterrupt:  # landed between steps (a loaded machine delays it): nothing is half done
+                    print("\n(Ctrl-D or /quit leaves)")
             self.offer_to_save()
         finally:
             _save_history(history_file)
