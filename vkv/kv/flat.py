@@ -52,6 +52,17 @@ class FlatHeads:
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.keys, self.values, self.bias, self.offsets) if t is not None)
 
+    def head_bias(self) -> torch.Tensor:
+        """`[kv_heads, N]` float32: each entry's bias (0 without one) in its own head's row, −inf in the others, so one
+        product of every head's queries with all N entries attends each head to its own (no padded copy)."""
+        n = self.keys.shape[0]
+        owner = torch.repeat_interleave(
+            torch.arange(self.kv_heads, device=self.keys.device), torch.tensor(self.counts, device=self.keys.device)
+        )
+        own = self.bias.float() if self.bias is not None else torch.zeros(n, device=self.keys.device)
+        out = torch.full((self.kv_heads, n), MASKED, device=self.keys.device)
+        return out.scatter_(0, owner[None], own[None])
+
     def padded(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Keys and values `[1, kv_heads, slots, head_dim]` and bias `[1, kv_heads, slots]` float32 (−inf where a
         head has fewer entries; the padding keys and values are zeros): the temporary attention reads."""

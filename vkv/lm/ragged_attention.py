@@ -43,41 +43,38 @@ BASE = {"sdpa": "vkv_sdpa", "eager": "vkv_eager"}  # what `use_ragged_attention`
 
 def ragged_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Queries `[batch, heads, q, head_dim]` over a RaggedLayer (`key`/`value`: the tokens fed since it was built,
-    the new ones last) → `[batch, q, heads, head_dim]`, no attention weights."""
+    the new ones last) → `[batch, q, heads, head_dim]`, no attention weights.
+
+    The entries stay where they lie: the flat ones in one product of every KV head's queries with all heads' entries,
+    each head's row masked to its own (`FlatHeads.head_bias`), the dense and fed ones in their own products; one
+    softmax over the scores side by side. Nothing the layer holds is copied, so a decoding step costs the products."""
+    if module.training and dropout:
+        raise VkvError("ragged attention is for decoding and scoring: dropout in training mode is not implemented")
     layer: RaggedLayer = getattr(key, RAGGED_TAG)
     batch, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
     rows = group * q  # the query heads of a KV head, folded into its query rows: (group, token) order
     folded = query.reshape(batch, kv_heads, rows, dim)
-    width = layer.appended  # tokens fed since the layer was built, the new ones included (`key`, `value`)
-    tail = _tail_mask(attention_mask, heads, group, q, width, folded.dtype, folded.device)
-    built_keys, built_values, columns = [], [], []  # the entries the layer was built with, and their masks
+    scale = dim**-0.5 if scaling is None else scaling
+    tail = _tail_mask(attention_mask, heads, group, q, layer.appended, torch.float32, folded.device)
+    scores, values = [], []
     if layer.flat is not None:
-        flat_keys, flat_values, flat_bias = layer.flat.padded()  # this layer's temporary
-        built_keys.append(flat_keys)
-        built_values.append(flat_values)
-        columns.append(flat_bias[:, :, None])
+        flat = layer.flat
+        scores.append((folded @ flat.keys.to(folded.dtype).T).float() * scale + flat.head_bias()[None, :, None])
+        values.append(flat.values.to(value.dtype))
     if layer.loaded:
-        built_keys.append(layer.keys)
-        built_values.append(layer.values)
-        columns.append(folded.new_zeros(1, 1, 1, layer.loaded) if layer.bias is None else layer.bias[:, :, None])
-    keys, values, mask = key, value, tail
-    if built_keys:  # one tensor per layer for SDPA: the built entries (flat ones padded), then the fed ones
-        keys = torch.cat([k.expand(key.shape[0], -1, -1, -1) for k in built_keys] + [key], dim=2)
-        values = torch.cat([v.expand(value.shape[0], -1, -1, -1) for v in built_values] + [value], dim=2)
-        mask = None
-        if layer.flat is not None or layer.bias is not None or tail is not None:
-            columns.append(folded.new_zeros(1, 1, 1, width) if tail is None else tail)
-            mask = _join(columns, folded.dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        folded,
-        keys,
-        values,
-        attn_mask=mask,
-        dropout_p=dropout if module.training else 0.0,
-        scale=dim**-0.5 if scaling is None else scaling,
-    )
+        dense = (folded @ layer.keys.transpose(-1, -2)).float() * scale
+        scores.append(dense if layer.bias is None else dense + layer.bias[:, :, None].float())
+        values.append(layer.values)
+    fed = (folded @ key.transpose(-1, -2)).float() * scale
+    scores.append(fed if tail is None else fed + tail)
+    values.append(value)
+    weights = torch.cat(scores, dim=-1).softmax(dim=-1).to(value.dtype)
+    out, start = None, 0
+    for part, v in zip(scores, values):
+        share = weights[..., start : start + part.shape[-1]] @ v
+        out, start = (share if out is None else out + share), start + part.shape[-1]
     return out.view(batch, kv_heads, group, q, dim).permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim), None
 
 
@@ -112,13 +109,6 @@ def _tail_mask(
     if mask.shape[1] == 1:  # one mask for every head: repeat it over the group's folded rows
         return mask.expand(-1, group, -1, -1).reshape(mask.shape[0], 1, group * q, width)
     return mask.reshape(mask.shape[0], heads // group, group * q, width)
-
-
-def _join(columns: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """Additive masks over consecutive key columns, each `[1 or batch, 1 or kv_heads, 1 or rows, n]`, side by side in
-    one mask broadcast to their largest leading sizes (a decoding step's mask stays one row per KV head)."""
-    shape = [max(c.shape[d] for c in columns) for d in range(3)]
-    return torch.cat([c.to(dtype).expand(*shape, -1) for c in columns], dim=-1)
 
 
 def attention_function(name: str):
