@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         message = one_sentence(exc)
         if message is None or os.environ.get("VKV_DEBUG") == "1":
             raise  # a bug: its traceback is what a report needs
-        errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False)  # a path or [[grid]] is not markup
+        errors.print(
+            f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True
+        )  # one line, unwrapped  # a path or [[grid]] is not markup
         return 2
 
 

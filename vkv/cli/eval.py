@@ -81,6 +81,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     ratios = command.ratio
     recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
+    for path in args.transcripts:  # a file that cannot be read is refused before the model loads
+        load_transcript(path)
     lm = load_model_from(command.model)
     units = list(eval_units(lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only))
     classes = [METHODS[name] for name in methods]
