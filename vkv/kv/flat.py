@@ -56,8 +56,9 @@ class FlatHeads:
         """`[kv_heads, N]` float32: each entry's bias (0 without one) in its own head's row, −inf in the others, so one
         product of every head's queries with all N entries attends each head to its own (no padded copy)."""
         n = self.keys.shape[0]
-        owner = torch.repeat_interleave(
-            torch.arange(self.kv_heads, device=self.keys.device), torch.tensor(self.counts, device=self.keys.device)
+        # each entry's head from the offsets on their own device: no host list, no sync in a decoding step
+        owner = torch.searchsorted(
+            self.offsets[1:].to(self.keys.device), torch.arange(n, device=self.keys.device), right=True
         )
         own = self.bias.float() if self.bias is not None else torch.zeros(n, device=self.keys.device)
         out = torch.full((self.kv_heads, n), MASKED, device=self.keys.device)
