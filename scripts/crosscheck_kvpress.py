@@ -50,7 +50,7 @@ from vkv.lm.load import load_model, resolve_model_path
 from vkv.methods import get_method
 from vkv.methods.base import Method
 from vkv.methods.work import SpanWork
-from vkv.sweep.report import question_values
+from vkv.sweep.variants import question_values
 from vkv.text.transcript import render
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,11 @@ import json
 import pytest
 
 from vkv.errors import VkvError
-from vkv.sweep.report import ReportConfig, breakdown, load, paired, per_question, rows, run_report
+from vkv.sweep.breakdowns import breakdown, per_question
+from vkv.sweep.paired import paired
+from vkv.sweep.pooled_rows import rows
+from vkv.sweep.report import ReportConfig, run_report
+from vkv.sweep.variants import load
 
 
 def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
@@ -215,7 +219,7 @@ def test_breakdown_by_distance_and_kind(sweep_dir):
 
 
 def test_distance_buckets_reach_past_four_thousand_tokens():
-    from vkv.sweep.report import _bucket
+    from vkv.sweep.breakdowns import _bucket
 
     assert [_bucket(t) for t in (0, 127, 128, 2047, 2048, 4095, 4096, 7900)] == [
         "0–127",

@@ -1,0 +1,40 @@
+"""The report's side of its PNGs: which files it writes and what each is drawn from; the drawing itself is
+`vkv.sweep.plots`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vkv.sweep.breakdowns import breakdown, per_question
+from vkv.sweep.variants import SweepResults
+
+PLOTS = {
+    "quality": "quality_vs_ratio.png",
+    "distance": "retention_vs_distance.png",
+    "loss": "loss_curves.png",
+    "heatmap": "question_heatmap.png",
+}
+
+
+def plots(results: SweepResults, table_rows: list[dict], out: Path) -> dict[str, list[str]]:
+    """Write the PNGs that have data (vkv.sweep.plots); returns {file name: report.md lines under it (alias key,
+    what was left out)}. Needs matplotlib (pip install 'vkv[plots]')."""
+    try:
+        import matplotlib  # optional dependency (vkv[plots])
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: F401
+    except ImportError:
+        return {}
+    from vkv.sweep import plots as draw
+
+    out.mkdir(parents=True, exist_ok=True)
+    names = draw.aliases(draw.methods(table_rows))  # one alias per long label, the same in every figure
+    drawn = {
+        "quality": lambda path: draw.draw_quality(table_rows, path, names),
+        "distance": lambda path: draw.draw_distance(*breakdown(results, "distance_tokens"), table_rows, path, names),
+        "loss": lambda path: draw.draw_losses(results.lines, path, names),
+        "heatmap": lambda path: draw.draw_heatmap(*per_question(results), path, names),
+    }
+    notes = {PLOTS[name]: plot(out / PLOTS[name]) for name, plot in drawn.items()}
+    return {image: lines for image, lines in notes.items() if lines is not None}
