@@ -32,8 +32,8 @@ from vkv.settings import from_args, nested, setting
 from vkv.sweep import SweepConfig
 from vkv.sweep.grid import build_method, expand, load_experiment
 from vkv.sweep.report import ReportConfig
-from vkv.tools.bench import BenchConfig
 from vkv.tools.bench_cache import CacheBenchConfig
+from vkv.tools.bench_optimizer import BenchConfig
 from vkv.tools.memory import PlanConfig
 
 # (the command's words with its positional arguments, its required flags' values, its configs, fields without a

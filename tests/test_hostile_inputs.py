@@ -177,7 +177,7 @@ def test_a_prefill_stays_within_its_estimate(smol):
     from vkv.kv.spliced import SplicedCache
     from vkv.lm.context import Context
     from vkv.lm.spec import prefill_bytes
-    from vkv.tools.bench import working_memory
+    from vkv.tools.measure import working_memory
 
     Context(smol, SplicedCache()).feed(list(range(100, 400)))  # one-time allocations first
     n = 2048

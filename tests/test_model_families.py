@@ -15,7 +15,7 @@ from vkv.compress.optimise import OptimConfig
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
-from vkv.tools.bench import vkv_loss_and_grad
+from vkv.tools.optimizer_steps import vkv_loss_and_grad
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 

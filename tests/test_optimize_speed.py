@@ -16,15 +16,10 @@ from vkv.compress.targets import build_targets
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
-from vkv.tools.bench import (
-    bench_quant,
-    prepare_span,
-    reference_losses,
-    saved_activation_mb,
-    vkv_loss_and_grad,
-    working_memory,
-)
+from vkv.tools.measure import saved_activation_mb, working_memory
 from vkv.tools.memory import load_config, plan
+from vkv.tools.optimizer_runs import bench_quant
+from vkv.tools.optimizer_steps import prepare_span, reference_losses, vkv_loss_and_grad
 
 TEXT = (
     "The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
@@ -105,7 +100,7 @@ def test_batched_optimisation_equals_one_at_a_time(tiny_llama):
 
 def test_optimiser_matches_torch_adam_on_the_reference_loop(tiny_llama):
     """Same settings → the same trajectory as torch.optim.Adam on the straightforward loss."""
-    from vkv.tools.bench import reference_optimise
+    from vkv.tools.optimizer_steps import reference_optimise
 
     lm = tiny_llama
     prefix, targets, positions = make_problem(lm, 6, 30)

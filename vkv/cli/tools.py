@@ -1,6 +1,6 @@
 """`vkv doctor`, `vkv bench` and `vkv plan`: checks, speed and memory of this machine and model.
 
-Every flag is a field of the command's config: `DoctorConfig` (here), `BenchConfig` (vkv.tools.bench),
+Every flag is a field of the command's config: `DoctorConfig` (here), `BenchConfig` (vkv.tools.bench_optimizer),
 `CacheBenchConfig` (vkv.tools.bench_cache), `ScalingBenchConfig` (vkv.tools.bench_scaling) and `PlanConfig`
 (vkv.tools.memory)."""
 
@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, write_json
 from vkv.settings import add_arguments, from_args, nested, setting
-from vkv.tools.bench import BenchConfig, run_bench
 from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
+from vkv.tools.bench_optimizer import BenchConfig, run_bench
 from vkv.tools.bench_scaling import ScalingBenchConfig, run_bench_scaling
 from vkv.tools.doctor import check
 from vkv.tools.memory import PlanConfig, run_plan

@@ -41,7 +41,8 @@ from vkv.progress import counted
 from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
 from vkv.text.windows import turn_windows, window_transcript
-from vkv.tools.bench import BenchModel, working_memory
+from vkv.tools.bench_model import BenchModel
+from vkv.tools.measure import working_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "gen-ci-failure-2.json"

@@ -34,7 +34,8 @@ from vkv.methods import METHODS, get_method
 from vkv.progress import counted
 from vkv.settings import check_ranges, nested, setting
 from vkv.text.transcript import load_transcript, render
-from vkv.tools.bench import BenchModel, working_memory
+from vkv.tools.bench_model import BenchModel
+from vkv.tools.measure import working_memory
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRANSCRIPT = ROOT / "transcripts" / "dev" / "flaky-ci-debugging.json"  # 11.5k tokens on the test model
