@@ -16,6 +16,7 @@ from vkv.settings import Config, check_ranges, nested, setting
 
 BOUNDARIES = ("equal", "lines", "surprisal")
 SHARE_SCORES = ("readout", "reconstruction")
+VERBATIM_SOURCES = ("kvzip", "am")
 DEFAULT_VERBATIM_SHARE = 0.9  # chosen on the long dev split at 8x and 16x (evals/RESULTS.md, issue 33)
 DEFAULT_VIRTUAL_OFFSET = -4.0  # chosen on the long dev split's whole sessions at 3.2x (evals/RESULTS.md, issue 33)
 
@@ -75,6 +76,13 @@ class CompressConfig(Config):
         f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
         minimum=0,
     )
+    verbatim_source: str = setting(
+        "kvzip",
+        "with a verbatim share: what each KV head keeps verbatim. kvzip: the span's own entries its reconstruction "
+        "importance ranks best; am: attention matching's compaction at the verbatim share of the budget (its kept "
+        "keys, fitted biases and refitted values)",
+        VERBATIM_SOURCES,
+    )
     virtual_offset: float | None = setting(
         None,
         "with a verbatim share: added to every virtual token's attention logit, so that a negative offset makes the "
@@ -105,6 +113,11 @@ class CompressConfig(Config):
                     "field verbatim_share: fit_bias and the distillation stage are not implemented beside verbatim "
                     "entries (they fit the virtual tokens alone); set them off or verbatim_share to 0"
                 )
+        if self.verbatim_source != "kvzip" and not self.verbatim_share:
+            raise VkvError(
+                f"field verbatim_source: {self.verbatim_source} fills a verbatim share, and this recipe keeps none "
+                "(verbatim_share 0); give verbatim_share or leave verbatim_source at kvzip"
+            )
         if self.virtual_offset and not self.verbatim_share:
             raise VkvError(
                 "field virtual_offset: it weighs virtual tokens against the verbatim entries beside them, and this "

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.compaction import Compaction
 from vkv.compress.head_budget import per_head_index
 from vkv.compress.pooling import Blocks
 from vkv.errors import VkvError
 from vkv.kv.flat import MASKED
+from vkv.kv.prefix import KVPrefix
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,36 @@ class HeadSplit:
         return cls(verbatim, budget - verbatim)
 
 
+@dataclass(frozen=True)
+class Verbatim:
+    """A per-head hybrid's verbatim part given whole, in the span's dense layout: `span_kv` the span's n keys and
+    values as the heads hold them (`[1, kv_heads, n, head_dim]` per layer; a head's values may be refitted) and `bias`
+    `[layers, kv_heads, n]`, what each head adds to each entry's attention logit, MASKED where it does not hold it."""
+
+    span_kv: KVPrefix
+    bias: torch.Tensor
+
+    @property
+    def kept(self) -> torch.Tensor:
+        """Which of the span's entries each head holds, `[layers, kv_heads, n]`."""
+        return self.bias > MASKED
+
+    @classmethod
+    def fitted(cls, keys: torch.Tensor, values: torch.Tensor, compaction: Compaction) -> Verbatim:
+        """Attention matching's compaction (rows layer-major) in the span's layout: `keys`, `values` `[layers,
+        kv_heads, n, head_dim]` the span's own; each head's kept entries carry their fitted biases and refitted
+        values, its other entries are masked."""
+        layers, heads, n, dim = keys.shape
+        rows = layers * heads
+        index = compaction.index.masked_fill(~compaction.real, n)  # padding slots land in a column that is dropped
+        bias = torch.full((rows, n + 1), MASKED).scatter(1, index, compaction.bias.float())[:, :n]
+        refit = torch.cat([values.reshape(rows, n, dim).float(), torch.zeros(rows, 1, dim)], dim=1)
+        refit = refit.scatter(1, index[..., None].expand(-1, -1, dim), compaction.values.float())[:, :n]
+        refit = refit.reshape(layers, heads, n, dim)
+        span_kv = KVPrefix([keys[i][None] for i in range(layers)], [refit[i][None] for i in range(layers)])
+        return cls(span_kv, bias.reshape(layers, heads, n))
+
+
 def reached(index: torch.Tensor, real: torch.Tensor, n: int) -> torch.Tensor:
     """`per_head_index`'s choice as a mask `[layers, heads, n]`: which of n entries each head reaches."""
     return torch.zeros(*index.shape[:2], n, dtype=torch.int32).scatter_add_(-1, index, real.int()) > 0
@@ -50,16 +82,18 @@ def head_hybrid_bias(
     rule: str,
     proportional_attention: bool,
     offset: float = 0.0,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
     (blocks over the whole span), −inf where a head does not reach the entry. `token_scores` `[layers, heads, n]` is
     the reconstruction pass's importance of the span's tokens; each head keeps `split.verbatim` own entries and
     `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global, compress/head_budget.py). A
     reached own entry has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
-    proportional attention, else 0, plus `offset`."""
+    proportional attention, else 0, plus `offset`. `kept` `[layers, heads, n]`: the entries each head holds verbatim,
+    when another method chose them (`Verbatim.kept`)."""
     layers, heads, n = token_scores.shape
-    verbatim = torch.zeros(layers, heads, n, dtype=torch.bool)
-    if split.verbatim:
+    verbatim = torch.zeros(layers, heads, n, dtype=torch.bool) if kept is None else kept
+    if split.verbatim and kept is None:
         verbatim = reached(*per_head_index(token_scores, split.verbatim, rule), n)
     left = token_scores.masked_fill(verbatim, float("-inf"))  # what the head's virtual share may still carry
     virtual = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)

@@ -17,7 +17,7 @@ from vkv.compress.autoratio import record_loss
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill
-from vkv.compress.head_hybrid import HeadSplit, head_hybrid_bias
+from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
@@ -46,17 +46,24 @@ def virtual_segment(
     teacher: KVPrefix | None = None,
     token_scores: torch.Tensor | None = None,
     span_kv: KVPrefix | None = None,
+    verbatim: Verbatim | None = None,
 ) -> Segment:
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`, `budget` entries per KV head
     (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
     when not given); `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's
     tokens, when the recipe ranks the heads' shares by it; `span_kv`: the span's own K/V as the cache will hold them
-    (the verbatim entries of a per-head hybrid; by default the teacher's). The segment records the virtual tokens'
-    V loss against their targets."""
+    (the verbatim entries of a per-head hybrid; by default the teacher's); `verbatim`: a per-head hybrid's verbatim
+    part chosen and fitted by another method (`verbatim_source`), instead of the span's best entries as they are.
+    The segment records the virtual tokens' V loss against their targets."""
     start, end = acts.start, acts.end
     started = time.perf_counter()
     config = config.validate()
     split = HeadSplit.of(budget, config.verbatim_share)
+    if (verbatim is None) != (config.verbatim_source == "kvzip"):
+        raise VkvError(
+            f"field verbatim_source: {config.verbatim_source}'s verbatim part is fitted by the vkv method (vkv eval, "
+            "vkv sweep, vkv compress --method vkv); this path keeps kvzip's entries"
+        )
     problem = SpanProblem.build(
         lm,
         ids,
@@ -75,26 +82,16 @@ def virtual_segment(
         _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
         teacher = KVPrefix.from_cache(cache)
     if config.distill.steps:
-        probes = build_probes(lm, ids, end, teacher, config.distill)
-        embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill)
-        stats["distill"] = {
-            "probe_tokens": [len(p.ids) for p in probes],
-            "initial_kl": trace[0],
-            "best_kl": min(trace),
-            "trace": trace,
-        }
+        embeddings = _distilled(lm, ids, end, teacher, prefix, embeddings, positions, config, stats)
     optimised = time.perf_counter()
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
     kv_done = time.perf_counter()
     if split.verbatim:
         bias, separable = None, None
+        kept = None if verbatim is None else verbatim.kept
+        rule, proportional = config.head_budget, config.proportional_attention
         own, virtual = head_hybrid_bias(
-            token_scores,
-            problem.blocks,
-            split,
-            config.head_budget,
-            config.proportional_attention,
-            config.virtual_offset,
+            token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
         )
     else:
         bias, separable = problem.bias(config, keys, budget)
@@ -109,13 +106,28 @@ def virtual_segment(
     segment = Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
     record_loss(segment, values, problem.targets)
     if split.verbatim:
-        if span_kv is None:
+        if verbatim is not None:
+            span_kv, own = verbatim.span_kv, verbatim.bias
+        elif span_kv is None:
             if teacher.length != end:
                 raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
             span_kv = teacher.slice(start, end)
         stats["verbatim_per_head"] = split.verbatim
         segment = beside_verbatim(segment, span_kv, own, virtual)
     return segment
+
+
+def _distilled(lm, ids, end, teacher, prefix, embeddings, positions, config, stats) -> torch.Tensor:
+    """The embeddings after the distillation stage; its KL trace goes into `stats`."""
+    probes = build_probes(lm, ids, end, teacher, config.distill)
+    embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill)
+    stats["distill"] = {
+        "probe_tokens": [len(p.ids) for p in probes],
+        "initial_kl": trace[0],
+        "best_kl": min(trace),
+        "trace": trace,
+    }
+    return embeddings
 
 
 def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor, bias: torch.Tensor) -> Segment:

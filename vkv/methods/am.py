@@ -74,23 +74,28 @@ class AttentionMatching(PerTurnMethod):
     chunk: int = chunk_setting()
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        keys, values = work.span_kv()
-        layers, kv_heads, n, dim = keys.shape
-        if self.head_cap > 1:
-            raise VkvError(f"am: head_cap is a share of the span, at most 1, not {self.head_cap}")
-        try:
-            check_options(self.selection, self.bias, self.values, self.head_budget)
-            result, count = self._compact(work, keys, values, budget)
-        except ValueError as exc:
-            raise VkvError(f"am: {exc}") from None
+        result, count = self.compaction(work, budget)
+        layers, kv_heads = work.lm.cache_shape[:2]
         shape = (layers, kv_heads, -1)
         return work.keep_per_head(
             result.index.reshape(shape),
-            result.values.reshape(layers, kv_heads, -1, dim),
+            result.values.reshape(layers, kv_heads, -1, result.values.shape[-1]),
             result.bias.reshape(shape),
             None if bool(result.real.all()) else result.real.reshape(shape),
             reference_queries=count,
         )
+
+    def compaction(self, work: SpanWork, budget: int) -> tuple[Compaction, int]:
+        """The span compacted to `budget` entries per KV head on average (rows layer-major), and the reference
+        queries each KV head's fit read."""
+        keys, values = work.span_kv()
+        if self.head_cap > 1:
+            raise VkvError(f"am: head_cap is a share of the span, at most 1, not {self.head_cap}")
+        try:
+            check_options(self.selection, self.bias, self.values, self.head_budget)
+            return self._compact(work, keys, values, budget)
+        except ValueError as exc:
+            raise VkvError(f"am: {exc}") from None
 
     def _compact(self, work: SpanWork, keys: torch.Tensor, values: torch.Tensor, budget: int):
         """(the Compaction of every row, the reference queries per KV head); the rows' statistics, then with

@@ -2,9 +2,11 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
+from vkv.compress.head_hybrid import HeadSplit, Verbatim
 from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.single import virtual_segment
 from vkv.kv.segment import Segment
+from vkv.methods.am import AttentionMatching
 from vkv.methods.base import BudgetMethod
 from vkv.methods.work import SpanWork
 
@@ -27,6 +29,10 @@ class VirtualTokens(BudgetMethod):
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         recipe = self.settings()
+        verbatim = None
+        if recipe.verbatim_source == "am":
+            compaction, _ = AttentionMatching().compaction(work, HeadSplit.of(budget, recipe.verbatim_share).verbatim)
+            verbatim = Verbatim.fitted(*work.span_kv(), compaction)
         return virtual_segment(
             work.lm,
             work.ids,
@@ -39,6 +45,7 @@ class VirtualTokens(BudgetMethod):
             on_step,
             teacher=work.kv,
             token_scores=reconstruction_scores(work) if recipe.needs_reconstruction else None,
+            verbatim=verbatim,
         )
 
     def config(self) -> dict:
