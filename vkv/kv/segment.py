@@ -101,16 +101,16 @@ class Segment:
         counts = reach.sum(-1)
         slots = int(counts.max())
         order = (~reach).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]  # reached first, in slot order
-        real = torch.arange(slots) < counts[..., None]
-
-        def gathered(t: torch.Tensor) -> torch.Tensor:
-            picked = t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1]))
-            return torch.where(real[..., None], picked, picked[:, :, :1]).contiguous()
-
-        bias = self.bias.float().gather(2, order).masked_fill(~real, MASKED)
-        positions = (self.positions.float()[order] * real).sum((0, 1)) / real.sum((0, 1)).clamp_min(1)
-        stats = {**self.stats, "compacted_from": self.entries}
-        return Segment("compact", self.span, gathered(self.keys), gathered(self.values), positions, None, stats, bias)
+        keys, values = (t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1])) for t in (self.keys, self.values))
+        return compact_segment(
+            self.span,
+            keys,
+            values,
+            self.positions.float()[order],
+            real=torch.arange(slots) < counts[..., None],
+            bias=self.bias.float().gather(2, order),
+            stats={**self.stats, "compacted_from": self.entries},
+        )
 
     def row(self) -> dict[str, Any]:
         return {
@@ -120,6 +120,33 @@ class Segment:
             "ratio": round(self.ratio, 4),
             **{k: v for k, v in self.stats.items() if not isinstance(v, (list, dict))},
         }
+
+
+def compact_segment(
+    span: tuple[int, int],
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    real: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    stats: dict[str, Any] | None = None,
+    start: int = 0,
+) -> Segment:
+    """A compact segment standing for `span`: each layer and KV head its own entries, `keys` and `values`
+    `[layers, kv_heads, slots, head_dim]` (post-RoPE) at original positions `start + positions`
+    `[layers, kv_heads, slots]`, with `bias` `[layers, kv_heads, slots]` or None. With `real` `[layers, kv_heads,
+    slots]` (head-wise budgets: each head's entries in its first slots), a False slot is padding: a copy of its
+    head's first entry whose bias is −inf (a missing bias is 0 elsewhere). Slot j's position is the mean position of
+    the j-th entries of every head; `start` is added after the mean, so that span-relative positions round as they
+    always have."""
+    if real is None:
+        mean = positions.float().mean(dim=(0, 1))
+    else:
+        bias = (torch.zeros(real.shape) if bias is None else bias).masked_fill(~real, MASKED)
+        # padding is a copy of its head's first entry, as cache files restore it (kv/file.py)
+        keys, values = (torch.where(real[..., None], t, t[:, :, :1]).contiguous() for t in (keys, values))
+        mean = (positions * real).sum(dim=(0, 1)) / real.sum(dim=(0, 1)).clamp_min(1)
+    return Segment("compact", span, keys, values, mean.float() + start, bias=bias, stats=stats or {})
 
 
 def verbatim_segment(kv: KVPrefix, start: int) -> Segment:

@@ -14,7 +14,7 @@ from vkv.compress.budget import span_budget
 from vkv.compress.sequential import Turn, TurnView, view_on_cache
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import MASKED, Segment, verbatim_segment
+from vkv.kv.segment import Segment, compact_segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.attention import attention_weights, query_hooks
 from vkv.lm.capture import Activations
@@ -99,32 +99,18 @@ class SpanWork:
         keys: torch.Tensor | None = None,
         **stats,
     ) -> Segment:
-        """A compact segment of the span's keys at span-relative `index` `[layers, kv_heads, t]` (each head its
-        own entries), or of free `keys` `[layers, kv_heads, t, head_dim]` (post-RoPE, standing where `index`'s
-        entries stood), with their own values or `values` `[layers, kv_heads, t, head_dim]`, and `bias`
-        `[layers, kv_heads, t]`. With `real` `[layers, kv_heads, t]` (head-wise budgets: each head's real slots
-        first), slots that are False are padding, copies of the head's first entry masked by a bias of −inf.
-        Entry j's position is the mean original position of the j-th real entries of every head."""
+        """A compact segment (`compact_segment`) of the span's keys at span-relative `index` `[layers, kv_heads, t]`
+        (each head its own entries), or of free `keys` `[layers, kv_heads, t, head_dim]` (post-RoPE, standing where
+        `index`'s entries stood), with their own values or `values` `[layers, kv_heads, t, head_dim]`, `bias`
+        `[layers, kv_heads, t]`, and with `real` `[layers, kv_heads, t]` False on padding slots (head-wise budgets)."""
         span_keys, span_values = self.span_kv()
         gather = index[..., None].expand(-1, -1, -1, span_keys.shape[-1])
         kept_keys = span_keys.gather(2, gather) if keys is None else keys
         kept_values = span_values.gather(2, gather) if values is None else values
-        if real is None:
-            positions = index.float().mean(dim=(0, 1))
-        else:
-            bias = (torch.zeros(index.shape) if bias is None else bias).masked_fill(~real, MASKED)
-            # padding is a copy of its head's first entry, as cache files restore it (kv/file.py)
-            kept_keys, kept_values = (torch.where(real[..., None], t, t[:, :, :1]) for t in (kept_keys, kept_values))
-            positions = (index * real).sum(dim=(0, 1)) / real.sum(dim=(0, 1)).clamp_min(1)
+        if real is not None:
             stats["head_budget_slots"] = index.shape[-1]  # physical slots per head; the rest of the row is padding
-        return Segment(
-            "compact",
-            (self.start, self.end),
-            kept_keys,
-            kept_values,
-            positions.float() + self.start,
-            bias=bias,
-            stats=stats,
+        return compact_segment(
+            (self.start, self.end), kept_keys, kept_values, index, real, bias, stats, start=self.start
         )
 
     def attention_between(self, key_range: tuple[int, int], query_range: tuple[int, int]) -> torch.Tensor:
