@@ -279,15 +279,23 @@ def test_plots_tick_the_measured_ratios_label_axes_and_name_their_intervals(swee
     assert all(variant in text for variant in drawn)  # drawn in some panel, or named as not drawn there
 
 
-def test_the_question_heatmap_of_yes_no_data_has_two_colours_and_no_colour_bar(sweep_dir, figures):
+def test_the_question_heatmap_bins_retention_not_the_keyword_check(sweep_dir, figures):
+    from vkv.sweep.plot_questions import BIN_LABELS
+
     assert run_report(sweep_dir) == 0
     heatmap = figures["question_heatmap.png"]
-    assert len(heatmap.axes) == 1  # no continuous colour bar
-    (mesh,) = heatmap.axes[0].collections
-    assert mesh.get_cmap().N == 2 and "passes" in _texts(heatmap) and "not run" in _texts(heatmap)
+    (ax,) = heatmap.axes  # no continuous colour bar: the bins are named in the legend
+    (mesh,) = ax.collections
+    assert mesh.get_cmap().N == len(BIN_LABELS) and "passes" not in _texts(heatmap)
+    assert all(label in _texts(heatmap) for label in BIN_LABELS)
+    assert "not run" not in _texts(heatmap)  # every column holds every question: no key for white cells
+    columns = [t.get_text() for t in ax.get_xticklabels()]
+    assert "full" not in columns and "none" not in columns  # retention is 1 and 0 there by definition
+    # the fixture's retention is 1.0 for a correct answer and 0.2 otherwise: the top bin (≥ 0.9) and the bottom
+    assert set(mesh.get_array().compressed()) == {0.0, len(BIN_LABELS) - 1.0}
     loss = figures["loss_curves.png"]
     assert "no loss curve (no optimiser): full, none, truncate" in _texts(loss)
-    assert all("mean over layers" in ax.get_ylabel() for ax in loss.axes)
+    assert all("mean over layers" in ax.get_ylabel() for ax in loss.axes if ax.axison)
 
 
 def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
@@ -335,33 +343,110 @@ def test_every_method_keeps_its_own_colour_and_marker_and_long_labels_get_aliase
     assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
 
 
-def test_the_question_heatmap_leaves_out_questions_that_fail_everywhere(tmp_path, figures):
-    from vkv.sweep.plots import draw_heatmap
+def _cell(mean, windows=5, questions=10):
+    from vkv.sweep.breakdowns import Cell
 
-    grid = [[1.0, 0.0], [0.0, 0.0], [None, 0.0], [0.0, 1.0]]
-    notes = draw_heatmap(["full", "vkv 2×"], ["w / a", "w / b", "w / c", "w / d"], grid, tmp_path / "h.png", {})
-    (ax,) = figures["h.png"].axes
-    assert [t.get_text() for t in ax.get_yticklabels()] == ["w / a", "w / d"]
-    assert ax.collections[0].get_array().shape == (2, 2)
-    assert "2 questions that fail in every column are not shown" in ax.get_title()
-    assert "2 of 4 questions fail the keyword check in every column and are not drawn." in notes
-    assert draw_heatmap(["full"], ["w / b"], [[0.0]], tmp_path / "none.png", {}) is None
+    return Cell(mean, questions, mean - 0.05, mean + 0.05, windows)
 
 
-def test_the_question_heatmap_keeps_its_height_and_the_rows_where_methods_disagree(tmp_path, figures):
-    from vkv.sweep.plots import MAX_HEIGHT, MAX_ROWS, draw_heatmap
+def test_a_crowded_distance_panel_draws_the_best_few_and_says_what_it_left_out(tmp_path, figures):
+    from vkv.sweep.plots import LEADING, draw_distance
 
-    agree = [[1.0, 1.0, 1.0]] * (MAX_ROWS + 5)  # full and both methods pass: nothing to tell apart
-    grid = [*agree, [1.0, 1.0, 0.0], [0.0, 0.0, 1.0]]
-    names = [f"w / {i}" for i in range(len(grid))]
-    notes = draw_heatmap(["full", "a 2×", "b 2×"], names, grid, tmp_path / "h.png", {})
+    columns = ["0–127", "128–511"]
+    table, cells = [], {}
+    for i in range(8):  # eight variants at 8×, two at 10.667×, one alone at 21.333×
+        for ratio in (8.0, 10.667, 21.333)[: 1 + (i < 2) + (i < 1)]:
+            variant = f"m v={i}"
+            table.append({"method": "m", "variant": variant, "ratio_requested": ratio, "mean_retention": 1 - i / 10,
+                          "windows": 5})  # fmt: skip
+            cells[(variant, ratio)] = {c: _cell(1 - i / 10) for c in columns}
+    notes = draw_distance(columns, cells, table, tmp_path / "d.png", {}, reference="m v=7")
+    fig = figures["d.png"]
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert [ax.get_title() for ax in panels] == ["requested ratio 8×", "requested ratio 10.7×"]
+    assert len(panels[0].containers) == LEADING + 1  # the best four, and the reference though it ranks last
+    told = " ".join(notes)
+    assert f"the {LEADING} variants with the highest mean retention" in told
+    assert "and the reference m v=7 wherever it ran" in told
+    assert "at 8×: m v=4, m v=5, m v=6" in told  # named, not silently dropped
+    assert "Not drawn: 21.3×, where only m v=0 ran" in told
+    assert "Left out for lower mean retention" in _texts(fig).replace("\n", " ")
+
+
+def test_figure_notes_wrap_at_whole_words_within_the_figure():
+    from vkv.sweep.plots import wrap_notes
+
+    word = "unbreakable-label_with=parts"
+    text = wrap_notes(["short words " * 40 + word + " end", "second note"], 6.0)
+    lines = text.split("\n")
+    assert len(lines) > 3 and max(map(len, lines)) <= 6 * 72 / (0.6 * 9) + len(word)
+    assert word in text.split() and lines[-1] == "second note"
+
+
+def test_ratios_read_as_a_reader_writes_them():
+    from vkv.sweep.plots import column_label, ratio_text
+
+    assert [ratio_text(r) for r in (3.2, 8.0, 10.667, 21.333, 1234.5)] == ["3.2", "8", "10.7", "21.3", "1234"]
+    assert column_label("kvzip", 10.667) == "kvzip 10.7×" and column_label("full", None) == "full"
+
+
+def test_variants_a_crowded_panel_draws_take_the_first_colours():
+    from vkv.sweep.plots import methods, style
+
+    table = [{"method": "m", "variant": f"m v={i:02d}", "ratio_requested": 2.0, "mean_retention": i / 20}
+             for i in range(12)]  # fmt: skip
+    order = methods(table, reference="m v=00")
+    assert order[:5] == ["m v=00", "m v=08", "m v=09", "m v=10", "m v=11"] and len(order) == 12
+    assert len({style(i)["color"] for i in range(5)}) == 5  # so no two of them share a colour
+
+
+def test_loss_panels_merge_variants_with_the_same_losses_and_name_missing_ratios(tmp_path, figures):
+    from vkv.sweep.plot_losses import draw_losses
+
+    lines = []
+    for offset in ("-4", "—"):  # the offset acts after the optimisation: the same losses
+        for ratio in (3.2, 8.0):
+            x = line(f"o{offset}{ratio}", "vkv", ratio, [True], pooling="uniform", trace=[3, 2, 1])
+            x["variant"] = f"vkv share=0.9 virtual_offset={offset}"
+            lines.append(x)
+    x = line("s", "vkv", 8.0, [True], pooling="uniform", trace=[5, 4, 3])
+    x["variant"] = "vkv share=0.75 virtual_offset=—"
+    lines.append(x)
+    notes = draw_losses(lines, tmp_path / "l.png", {})
+    fig = figures["l.png"]
+    titles = [ax.get_title() for ax in fig.axes if ax.axison]
+    assert titles == [
+        "vkv share=0.75 virtual_offset=—",
+        "vkv share=0.9 virtual_offset=-4 = vkv share=0.9 virtual_offset=—",
+    ]
+    assert any("differ only in virtual_offset = -4 / —" in n for n in notes)
+    assert any("No 3.2× curve for vkv share=0.75 virtual_offset=—: not run at that ratio" in n for n in notes)
+    assert "no curve at 3.2×" in _texts(fig)
+
+
+def test_the_question_heatmap_caps_its_size_and_counts_what_it_leaves_out(tmp_path, figures):
+    from vkv.sweep.plot_questions import MAX_HEIGHT, MAX_ROWS, MAX_WIDTH, draw_heatmap
+
+    lines, table = [], []
+    for i in range(12):  # twelve variants at one ratio, each scored on MAX_ROWS + 5 questions
+        x = line(f"r{i}", "m", 2.0, [True] * (MAX_ROWS + 5))  # q0 … q(MAX_ROWS + 4)
+        x["variant"] = f"m v={i:02d}"
+        for j, q in enumerate(x["result"]["questions"]):
+            q["retention"] = 1.0 if j < MAX_ROWS + 3 else i / 12  # two questions separate the variants
+        if i == 11:
+            del x["result"]["questions"][0]  # not scored there: a white cell, keyed
+        lines.append(x)
+        table.append({"method": "m", "variant": x["variant"], "ratio_requested": 2.0, "mean_retention": i})
+    notes = draw_heatmap(lines, table, tmp_path / "h.png", {})
     fig = figures["h.png"]
-    assert fig.get_figheight() <= MAX_HEIGHT
-    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-    assert len(labels) == MAX_ROWS and labels[-2:] == names[-2:]  # the disagreeing rows stay
-    assert "nor 7 where the methods agree most" in fig.axes[0].get_title()
-    assert "7 more, where the methods agree most, are left out" in notes[1]
-    assert "full context fails" in _texts(fig)  # the line between the groups is labelled
+    assert fig.get_figheight() <= MAX_HEIGHT and fig.get_figwidth() <= MAX_WIDTH
+    ax = fig.axes[0]
+    assert len(ax.get_yticklabels()) == MAX_ROWS and len(ax.get_xticklabels()) == 4  # the best four variants
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    # the two questions that differ most rank lowest; a transcript with one window is named without its turns
+    assert labels[-2:] == [f"t / q{MAX_ROWS + 3}", f"t / q{MAX_ROWS + 4}"]
+    assert "not run" in _texts(fig) and any("Left out to fit the page: 5 questions" in n for n in notes)
+    assert any("at 2×: m v=00, m v=01" in n for n in notes)
 
 
 def test_quality_points_are_nudged_sideways_and_laid_out_two_panels_a_row(sweep_dir, figures):

@@ -10,6 +10,7 @@ from typing import Any
 from vkv.evals.intervals import window_bootstrap
 from vkv.evals.metrics import mean
 from vkv.evals.summary import aggregate, base_transcript
+from vkv.sweep.plots import column_label
 from vkv.sweep.pooled_rows import rows
 from vkv.sweep.variants import SweepResults, groups, row_order
 
@@ -88,7 +89,7 @@ def per_question(results: SweepResults, metric: str = "keyword_correct") -> tupl
     columns: dict[str, tuple] = {}
     for line in results.lines:
         r = line["result"]
-        column = line["variant"] + (f" {r['ratio_requested']:g}×" if r["ratio_requested"] else "")
+        column = column_label(line["variant"], r["ratio_requested"])
         columns[column] = row_order(
             {"method": line["run"]["method"], "variant": line["variant"], "ratio_requested": r["ratio_requested"]}
         )

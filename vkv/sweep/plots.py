@@ -1,10 +1,13 @@
 """`vkv report`'s PNGs, drawn for a reviewer: ticks at the values measured, every axis labelled (log axes say so),
 error bars named on the figure (95 % window-bootstrap intervals), every method drawn or named as missing,
 colour-blind-safe colours (Okabe and Ito's palette, each method with its own colour and marker pair), short aliases
-for long method labels (keyed in report.md), legends and notes under the panels, and a two-colour scale for yes/no
-data.
+for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not 10.667×), legends and notes
+under the panels, a two-colour scale only for yes/no data, and a stated rule wherever a crowded figure leaves
+something out.
 
-Each `draw_*` takes the report's results, table rows and aliases and writes one PNG; it returns the markdown lines
+This module holds what the figures share (styles, ticks, layout, which variants a crowded panel draws) and the
+quality and distance figures; the loss curves and the question heatmap have their own modules
+(vkv.sweep.plot_losses, vkv.sweep.plot_questions). Each `draw_*` writes one PNG and returns the markdown lines
 report.md prints under the figure (the alias key, what was left out), or None when there is nothing to draw.
 Needs matplotlib (pip install 'vkv[plots]'); `vkv.sweep.report.plots` checks that it is there.
 """
@@ -12,10 +15,10 @@ Needs matplotlib (pip install 'vkv[plots]'); `vkv.sweep.report.plots` checks tha
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 REFERENCES = ("full", "none")
 FEW_WINDOWS = 10  # intervals resting on fewer windows than this carry a caveat
@@ -25,8 +28,76 @@ LINESTYLES = ("-", "--", ":", "-.")
 INTERVALS = "error bars: 95 % window-bootstrap intervals"
 LONG_LABEL = 28  # longer labels crowd legends and ticks: the figures use an alias, report.md gives the full label
 FLAT = 0.05  # a quality panel whose values span less than this across methods cannot tell them apart
-ROW_INCH, FRAME_INCH, MAX_HEIGHT = 0.18, 2.5, 14.0  # the question heatmap: per row, title and labels, at most
-MAX_ROWS = int((MAX_HEIGHT - FRAME_INCH) / ROW_INCH)  # questions that fit
+LEADING = 4  # variants a panel draws at one ratio (the best by mean retention); more lines tangle past reading
+NOTE_SIZE = 9  # points, the notes under a figure
+
+
+def ratio_text(ratio: float) -> str:
+    """A requested ratio as a reader reads it: 3 significant digits (10.667 → "10.7", 3.2 → "3.2", 16 → "16")."""
+    text = f"{ratio:.3g}"
+    return text if "e" not in text else f"{ratio:.0f}"
+
+
+def column_label(variant: str, ratio: float | None) -> str:
+    """A variant at a requested ratio, as one column or row name ("kvzip 10.7×"); references have no ratio."""
+    return variant if ratio is None else f"{variant} {ratio_text(ratio)}×"
+
+
+@dataclass
+class Selection:
+    """Which variants a crowded figure draws at each requested ratio, and what it leaves out, so the notes can say."""
+
+    drawn: dict[float, list[str]] = field(default_factory=dict)  # best mean retention first, the reference last
+    left_out: dict[float, list[str]] = field(default_factory=dict)  # run there, lower mean retention than the drawn
+    alone: dict[float, str] = field(default_factory=dict)  # ratios only one variant ran: nothing to compare there
+    reference: str | None = None
+
+    def named(self) -> set[str]:
+        """Every variant the figure draws or its notes name (so report.md keys all their aliases)."""
+        return {v for group in (*self.drawn.values(), *self.left_out.values()) for v in group} | {*self.alone.values()}
+
+    def notes(self, names: dict[str, str]) -> list[str]:
+        """The rule and what it left out, in words, for the figure and report.md."""
+        out = []
+        if any(self.left_out.values()):
+            reference = names.get(self.reference, self.reference)
+            also = f", and the reference {reference} wherever it ran" if self.reference else ""
+            cut = "; ".join(
+                f"at {ratio_text(r)}×: {', '.join(sorted(names.get(v, v) for v in vs))}"
+                for r, vs in self.left_out.items()
+                if vs
+            )
+            out.append(
+                f"Drawn at each ratio: the {LEADING} variants with the highest mean retention there (the results "
+                f"table){also}. Left out for lower mean retention ({cut}); report.md's tables hold every variant."
+            )
+        if self.alone:
+            which = " and ".join(f"{ratio_text(r)}×" for r in self.alone)
+            who = ", ".join(sorted({names.get(v, v) for v in self.alone.values()}))
+            out.append(
+                f"Not drawn: {which}, where only {who} ran (nothing to compare it with; see report.md's tables)."
+            )
+        return out
+
+
+def leading(table_rows: list[dict], reference: str | None = None, keep: int = LEADING) -> Selection:
+    """Per requested ratio, the `keep` variants with the highest mean retention (the reference, `vkv report --vs`,
+    is drawn too where it ran); a ratio that only one variant ran is left out when other ratios compare several."""
+    by_ratio: dict[float, list[dict]] = defaultdict(list)
+    for row in table_rows:
+        if row["method"] not in REFERENCES and row["ratio_requested"]:
+            by_ratio[row["ratio_requested"]].append(row)
+    picked = Selection(reference=reference)
+    compared = any(len(group) > 1 for group in by_ratio.values())
+    for ratio in sorted(by_ratio):
+        ranked = [r["variant"] for r in sorted(by_ratio[ratio], key=lambda r: -(r.get("mean_retention") or -math.inf))]
+        if compared and len(ranked) == 1:
+            picked.alone[ratio] = ranked[0]
+            continue
+        drawn = ranked[:keep] + [v for v in ranked[keep:] if v == reference]
+        picked.drawn[ratio] = drawn
+        picked.left_out[ratio] = [v for v in ranked if v not in drawn]
+    return picked
 
 
 def style(index: int) -> dict:
@@ -41,9 +112,13 @@ def style(index: int) -> dict:
     }
 
 
-def methods(table_rows: list[dict]) -> list[str]:
-    """The method variants the figures draw, in one order, so a variant keeps its style in every figure."""
-    return sorted({r["variant"] for r in table_rows if r["method"] not in REFERENCES})
+def methods(table_rows: list[dict], reference: str | None = None) -> list[str]:
+    """The method variants the figures draw, in one order, so a variant keeps its style in every figure: first those
+    a crowded panel draws (`leading`), so that they take the first colours and stay apart by colour, then the rest;
+    each group sorted."""
+    every = {r["variant"] for r in table_rows if r["method"] not in REFERENCES}
+    first = {v for drawn in leading(table_rows, reference).drawn.values() for v in drawn}
+    return sorted(first & every) + sorted(every - first)
 
 
 def aliases(variants: list[str]) -> dict[str, str]:
@@ -94,7 +169,7 @@ def round_ticks(values: list[float]) -> list[float]:
     if not values:
         return []
     lo, hi = min(values), max(values)
-    decades = range(math.floor(math.log10(lo)), math.floor(math.log10(hi)) + 1)
+    decades = range(math.floor(math.log10(lo / 1.1)), math.floor(math.log10(hi * 1.1)) + 1)  # as the 10 % margin
     for subs in ((1, 2, 5), (1, 2, 3, 5), range(1, 10)):
         ticks = [m * 10.0**k for k in decades for m in subs if lo / 1.1 <= m * 10.0**k <= hi * 1.1]
         if len(ticks) >= 3:
@@ -127,7 +202,14 @@ def few_windows_note(windows: list[int]) -> list[str]:
     return []
 
 
-def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, title: str | None = None) -> None:
+def wrap_notes(notes: list[str], width_inch: float) -> str:
+    """The notes, each wrapped at whole words within the figure's width (about 13 characters an inch at NOTE_SIZE):
+    matplotlib's own wrapping runs lines to the canvas edge, where the saved image's tight box can cut them."""
+    chars = max(40, int(width_inch * 72 / (0.6 * NOTE_SIZE)))
+    return "\n".join(textwrap.fill(n, chars, break_long_words=False, break_on_hyphens=False) for n in notes)
+
+
+def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, title: str | None = None, ncol=3) -> None:
     """Lay the panels out, put the legend and then the notes under them (outside the panels, so neither covers an
     axis label), and save with a tight box so nothing is cut off."""
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
@@ -136,12 +218,12 @@ def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, titl
     below = 0.0  # figure fraction where the notes start
     if handles:
         legend = fig.legend(
-            handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=3,
+            handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=ncol,
             fontsize=8, frameon=False, title=title, title_fontsize=8,
         )  # fmt: skip
         fig.canvas.draw()  # the legend's height is known only once drawn
         below = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
-    fig.text(0.01, below - 0.01, "\n".join(notes), fontsize=9, va="top", ha="left", wrap=True)
+    fig.text(0.01, below - 0.01, wrap_notes(notes, fig.get_figwidth()), fontsize=NOTE_SIZE, va="top", ha="left")
     fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
 
@@ -154,12 +236,13 @@ QUALITY_PANELS = (  # (y metric, its interval, x metric, title, y label)
 )
 
 
-def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
+def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], reference=None) -> list[str] | None:
     """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
     in memory, one colour and marker per method variant (nudged sideways on the log x axis so points and intervals
     at one x stay apart), intervals as error bars, at most 2 panels a row; a panel whose values hardly vary across
-    methods is left out and named in report.md."""
-    variants = methods(table_rows)
+    methods is left out and named in report.md. `reference` (`vkv report --vs`) only orders the styles, as in the
+    figures that draw a few variants."""
+    variants = methods(table_rows, reference)
     curves = {v: [r for r in table_rows if r["variant"] == v and r["ratio_achieved"]] for v in variants}
     if not any(curves.values()):
         return None
@@ -217,181 +300,68 @@ def _quality_axes(ax, xs: list[float], x_key: str) -> None:
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
 
 
-def draw_distance(columns: list[str], cells: dict, table_rows: list[dict], path: Path, names: dict[str, str]):
-    """Retention by distance bucket: one panel per requested ratio, one line per method variant run at it (nudged
-    sideways so error bars at one bucket do not overlap), intervals as error bars, hollow markers where a bucket holds
-    fewer than 2 windows or questions (no interval to speak of), one legend for every panel; the notes name the
-    variants each panel does not draw and why."""
-    ratios = sorted({ratio for (_, ratio) in cells if ratio})
-    if len(columns) < 2 or not ratios:
+def draw_distance(
+    columns: list[str], cells: dict, table_rows: list[dict], path: Path, names: dict[str, str], reference=None
+) -> list[str] | None:
+    """Retention by distance bucket: one panel per requested ratio, in it the variants `leading` picks (the best
+    few by mean retention there, and the reference), nudged sideways so error bars at one bucket do not overlap;
+    full context (1) and no context (0) as grey lines; hollow markers where a bucket holds fewer than 2 windows or
+    questions (no interval to speak of); one legend for every panel. The notes state the rule and name what each
+    panel leaves out, and why."""
+    picked = leading([r for r in table_rows if (r["variant"], r["ratio_requested"]) in cells], reference)
+    if len(columns) < 2 or not picked.drawn:
         return None
-    variants = methods(table_rows)
+    variants = methods(table_rows, reference)  # the index into every figure's styles
     windows = {(r["variant"], r["ratio_requested"]): r.get("windows", 0) for r in table_rows}
-    step = min(0.08, 0.6 / len(variants))  # sideways offset between methods, within a bucket's slot
-    fig, axes = _grid(len(ratios), sharey=True)
-    handles, notes, thin = {}, [], False
-    for ax, ratio in zip(axes, ratios):
-        missing, counts = [], defaultdict(set)
-        for index, variant in enumerate(variants):
-            row = cells.get((variant, ratio))
-            short = names.get(variant, variant)
-            if row is None:
-                missing.append(f"{short} ({'no distances recorded' if (variant, ratio) in windows else 'not run'})")
-                continue
-            points = [(i, row[c]) for i, c in enumerate(columns) if c in row]
-            for i, c in points:
-                counts[i].add(c.questions)
-            xs = [i + nudge(index, len(variants), step) for i, _ in points]
-            errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
-            drawn = ax.errorbar(xs, [c.mean for _, c in points], yerr=errors, capsize=3, **style(index))
-            handles.setdefault(variant, drawn)
-            few = [(x, c.mean) for x, (_, c) in zip(xs, points) if min(c.windows, c.questions) < 2]
-            if few:
-                thin = True
-                ax.plot(*zip(*few), linestyle="none", marker=style(index)["marker"], color=style(index)["color"],
-                        markerfacecolor="white", zorder=3)  # above errorbar's own (filled) markers  # fmt: skip
-        ticks = [f"{c}\nn={_span(counts[i])}" for i, c in enumerate(columns)]
-        ax.set_xticks(range(len(columns)), ticks, fontsize=8)
+    fig, axes = _grid(len(picked.drawn), sharey=True)
+    handles, thin = {}, False
+    for ax, (ratio, drawn) in zip(axes, picked.drawn.items()):
+        step = min(0.08, 0.6 / len(drawn))  # sideways offset between methods, within a bucket's slot
+        for rank, variant in enumerate(drawn):
+            kind = style(variants.index(variant))
+            handles[variant], hollow = _distance_line(
+                ax, columns, cells[(variant, ratio)], kind, nudge(rank, len(drawn), step)
+            )
+            thin = thin or hollow
+        for value, line in ((1.0, "--"), (0.0, ":")):
+            handles["full context" if value else "no context"] = ax.axhline(value, color="grey", linestyle=line)
+        counts = {c: {cells[(v, ratio)][c].questions for v in drawn if c in cells[(v, ratio)]} for c in columns}
+        ax.set_xticks(range(len(columns)), [f"{c}\nn={_span(counts[c])}" for c in columns], fontsize=8)
         ax.tick_params(axis="y", labelleft=True)  # sharey hides them on inner panels
         ax.set_xlabel("tokens from a question's latest evidence to the span's end (n: questions)")
         ax.set_ylabel("retention (1 = full context)")
-        ax.set_title(f"requested ratio {ratio:g}×")
+        ax.set_title(f"requested ratio {ratio_text(ratio)}×")
         ax.grid(alpha=0.3)
-        if missing:
-            notes.append(f"not drawn at {ratio:g}×: " + "; ".join(missing))
-    bounds = [v for row in cells.values() for c in row.values() for v in (c.low, c.high)]
+    bounds = [v for key, row in cells.items() if key[1] in picked.drawn for c in row.values() for v in (c.low, c.high)]
     axes[0].set_ylim(min([0.0, *bounds]) - 0.05, max([1.0, *bounds]) + 0.05)  # shared by every panel
-    lines = [f"{INTERVALS}. Full context (retention 1) and no context (0) are not drawn."]
+    told = picked.notes(names)
+    unrecorded = [(r["variant"], r["ratio_requested"]) for r in table_rows
+                  if r["method"] not in REFERENCES and (r["variant"], r["ratio_requested"]) not in cells]  # fmt: skip
+    if unrecorded:
+        which = ", ".join(column_label(names.get(v, v), ratio) for v, ratio in unrecorded)
+        told.append(f"No distances recorded, not drawn: {which}.")
+    lines = [f"{INTERVALS}.", *told]
     lines += ["Hollow markers: buckets with fewer than 2 windows or questions (no real interval)."] if thin else []
-    lines += [*notes, *few_windows_note(list(windows.values()))]
-    fewest = {v: min(w for (variant, _), w in windows.items() if variant == v) for v in handles}  # across panels
-    _finish(fig, path, lines, {window_label(names.get(v, v), fewest[v]): handles[v] for v in variants if v in handles})
-    return alias_key(names, variants)
+    lines += few_windows_note([windows[(v, r)] for r, drawn in picked.drawn.items() for v in drawn])
+    fewest = {v: min(w for (variant, _), w in windows.items() if variant == v) for v in handles if v in variants}
+    legend = {window_label(names.get(v, v), fewest[v]): handles[v] for v in variants if v in fewest}
+    legend.update({k: handles[k] for k in ("full context", "no context")})
+    _finish(fig, path, lines, legend)
+    return ([""] + told if told else []) + alias_key(names, picked.named() | {v for v, _ in unrecorded})
+
+
+def _distance_line(ax, columns: list[str], row: dict, kind: dict, offset: float):
+    """One variant's retention per bucket with its intervals, hollow where a bucket rests on fewer than 2 windows or
+    questions; returns the drawn line and whether any marker is hollow."""
+    points = [(i + offset, row[c]) for i, c in enumerate(columns) if c in row]
+    errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
+    drawn = ax.errorbar([x for x, _ in points], [c.mean for _, c in points], yerr=errors, capsize=3, **kind)
+    few = [(x, c.mean) for x, c in points if min(c.windows, c.questions) < 2]
+    if few:
+        ax.plot(*zip(*few), linestyle="none", marker=kind["marker"], color=kind["color"], markerfacecolor="white",
+                zorder=3)  # above errorbar's own (filled) markers  # fmt: skip
+    return drawn, bool(few)
 
 
 def _span(values: set) -> str:
     return "0" if not values else f"{min(values)}" if len(values) == 1 else f"{min(values)}–{max(values)}"
-
-
-def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
-    """Each optimising method variant's loss per step: per requested ratio, the median over windows with the
-    interquartile range shaded (one colour and marker per ratio); a log y axis only where the losses span more than a
-    decade. The notes name the variants without a loss curve (no optimiser)."""
-    import matplotlib.ticker as ticker  # optional dependency, as above
-    from matplotlib.lines import Line2D
-
-    traced, untraced = defaultdict(list), set()
-    for line in lines:
-        if len(line["result"].get("loss_trace") or []) > 1:  # meanpool records only its initial loss
-            traced[line["variant"]].append(line)
-        else:
-            untraced.add(line["variant"])
-    if not traced:
-        return None
-    fig, axes = _grid(len(traced), height=3.8)
-    ratios = sorted({line["result"]["ratio_requested"] for g in traced.values() for line in g})
-    styles = {r: style(i) for i, r in enumerate(ratios)}
-    for ax, (variant, group) in zip(axes, sorted(traced.items())):
-        every = []
-        for ratio in ratios:
-            traces = [x["result"]["loss_trace"] for x in group if x["result"]["ratio_requested"] == ratio]
-            if not traces:
-                continue
-            padded = np.full((len(traces), max(map(len, traces))), np.nan)  # runs may stop at different steps
-            for row, trace in zip(padded, traces):
-                row[: len(trace)] = trace
-            low, median, high = np.nanpercentile(padded, (25, 50, 75), axis=0)
-            steps = np.arange(len(median))
-            ax.fill_between(steps, low, high, color=styles[ratio]["color"], alpha=0.2, linewidth=0)
-            ax.plot(steps, median, markevery=max(1, len(steps) // 10), **styles[ratio])
-            every += [*low, *high]
-        optim = group[0]["identity"]["config"].get("optim") or {}
-        scale = ""
-        if max(every) > 10 * min(every) > 0:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # 0.3, not 3×10⁻¹
-            ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-            scale = "; log scale"
-        ax.set_ylabel(f"{optim.get('loss', 'the recipe')} loss against the targets\n(mean over layers{scale})")
-        ax.set_title(names.get(variant, variant), fontsize=9)
-        ax.set_xlabel("optimisation step")
-        ax.grid(alpha=0.3, which="both")
-    fig.suptitle("optimiser loss per step: median over windows, band: interquartile range", fontsize=10)
-    none = ", ".join(sorted(names.get(v, v) for v in untraced - set(traced)))
-    notes = [f"Only optimising methods are drawn; no loss curve (no optimiser): {none}."] if none else []
-    handles = {f"{r:g}×": Line2D([], [], **styles[r]) for r in ratios}  # in ratio order
-    _finish(fig, path, notes, handles, title="requested ratio")
-    return alias_key(names, set(traced) | untraced)
-
-
-def draw_heatmap(cols: list[str], questions: list[str], grid: list[list], path: Path, names: dict[str, str]):
-    """Per question and column, whether the greedy answer passes the keyword check: two colours when every cell is
-    yes or no (one run each), a sequential colour-blind-safe scale (cividis) for shares of several runs; thin white
-    cell borders, a line between the questions the full context passes and those it fails. Questions that fail in
-    every column say nothing about which facts degrade first: they are counted, not drawn; beyond MAX_ROWS, the
-    questions where the methods agree most are left out too (and counted)."""
-    import matplotlib.pyplot as plt  # optional dependency, as above
-    import matplotlib.transforms as transforms
-    from matplotlib.colors import ListedColormap
-    from matplotlib.patches import Patch
-
-    keep = [i for i, row in enumerate(grid) if any(v for v in row if v is not None)]
-    if not keep:
-        return None
-    dropped = len(questions) - len(keep)
-    methods_at = [j for j, c in enumerate(cols) if c not in REFERENCES]
-
-    def agreement(i: int) -> float:  # the smaller of the passing and failing shares among the methods' cells
-        values = [grid[i][j] for j in methods_at if grid[i][j] is not None]
-        return -min(sum(values), len(values) - sum(values))
-
-    crowded = set(sorted(keep, key=agreement)[MAX_ROWS:])  # sorted() is stable: ties keep the earlier rows
-    keep = [i for i in keep if i not in crowded]
-    data = np.array([[np.nan if v is None else v for v in grid[i]] for i in keep], dtype=float)
-    binary = bool(np.isin(data[~np.isnan(data)], (0.0, 1.0)).all())
-    fig, ax = plt.subplots(figsize=(max(7, 0.35 * len(cols) + 4), max(3, FRAME_INCH + ROW_INCH * len(keep))))
-    ax.set_facecolor("white")
-    cells = {"edgecolors": "white", "linewidth": 0.3, "vmin": 0, "vmax": 1}
-    handles = None
-    if binary:
-        colours = ("#A0A0A0", OKABE_ITO[0])  # fails: mid grey (apart from white "not run"), passes: blue
-        ax.pcolormesh(np.ma.masked_invalid(data), cmap=ListedColormap(colours), **cells)
-        handles = {"passes": Patch(color=colours[1]), "fails": Patch(color=colours[0])}
-        handles["not run"] = Patch(facecolor="white", edgecolor="grey")
-    else:
-        mesh = ax.pcolormesh(np.ma.masked_invalid(data), cmap="cividis", **cells)
-        fig.colorbar(mesh, ax=ax, fraction=0.03, label="share of runs passing the keyword check")
-    ax.set_xlim(0, len(cols))
-    ax.set_ylim(len(keep), 0)  # first question on top
-    ax.set_xticks(np.arange(len(cols)) + 0.5, [_short_column(c, names) for c in cols], rotation=60, ha="right",
-                  fontsize=8)  # fmt: skip
-    ax.set_yticks(np.arange(len(keep)) + 0.5, [questions[i] for i in keep], fontsize=7)
-    if "full" in cols:  # rows come ordered with those the full context passes on top
-        passes = sum((grid[i][cols.index("full")] or 0) >= 0.5 for i in keep)
-        if 0 < passes < len(keep):
-            ax.axhline(passes, color="black", linewidth=1.5)
-            beside = transforms.blended_transform_factory(ax.transAxes, ax.transData)
-            for text, va in (("▲ full context passes", "bottom"), ("▼ full context fails", "top")):
-                ax.text(1.01, passes, text, transform=beside, va=va, fontsize=8)
-    ax.set_xlabel("method and requested ratio")
-    ax.set_ylabel("window / question")
-    left_out = f"{dropped} questions that fail in every column are not shown"
-    if crowded:
-        left_out += f", nor {len(crowded)} where the methods agree most (figure height)"
-    ax.set_title(
-        f"keyword check of {len(keep)} questions (those full context passes on top, fewest passes at the bottom)\n"
-        f"{left_out}; no error bars (a cell is one run, or the share of several)",
-        fontsize=9,
-    )
-    _finish(fig, path, [], handles, title="keyword check")
-    md = ["", f"{dropped} of {len(questions)} questions fail the keyword check in every column and are not drawn."]
-    if crowded:
-        md[-1] += f" To keep the figure readable, {len(crowded)} more, where the methods agree most, are left out."
-    return md + alias_key(names, {c.rpartition(" ")[0] for c in cols} | set(cols))
-
-
-def _short_column(column: str, names: dict[str, str]) -> str:
-    """A heatmap column ("VARIANT 3.2×") with the variant's alias."""
-    variant, _, ratio = column.rpartition(" ")
-    return f"{names[variant]} {ratio}" if ratio.endswith("×") and variant in names else names.get(column, column)

@@ -47,7 +47,8 @@ def run_report(directory: str | Path, config: ReportConfig | None = None) -> int
     table_rows = rows(results)
     paired_rows = paired(results, config.vs) if config.vs else None
     print_tables(console, results, table_rows, paired_rows)
-    images = plots(results, table_rows, out)
+    reference = paired_rows[0]["reference"].split(" @")[0] if paired_rows else None  # "LABEL @RATIOx": the label
+    images = plots(results, table_rows, out, reference)
     if not images:
         console.print("[yellow]no plots: matplotlib is not installed (pip install 'vkv[plots]')[/]")
     write_text_atomic(out / "report.md", markdown(results, table_rows, images, paired_rows))

@@ -155,19 +155,22 @@ CAPTIONS = {
     "ratio stay apart; ratio ticks at the ratios measured, memory ticks at round MiB. Dashed: full context; dotted: "
     "no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend gives each "
     "variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left out.",
-    PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio, every method variant run at it "
-    "drawn, nudged sideways so bars do not overlap; a panel names the variants without a point there and why. Tick "
-    "labels give each bucket's questions (n); hollow markers: buckets with fewer than 2 windows or questions. Bars: "
-    "95% window-bootstrap intervals.",
+    PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio that several variants ran "
+    "at, drawing the 4 variants with the highest mean retention there (and the `--vs` reference), nudged "
+    "sideways so bars do not overlap; the notes name every variant left out and why. Dashed: full context; dotted: no "
+    "context. Tick labels give each bucket's questions (n); hollow markers: buckets with fewer than 2 windows or "
+    "questions. Bars: 95% window-bootstrap intervals. The table above holds every variant.",
     PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
     "virtual tokens against their targets, mean over layers), per requested ratio the median over windows with the "
-    "interquartile range shaded; a log axis only where the losses span more than a decade. Only optimising methods "
-    "have a curve: the figure names the others.",
-    PLOTS["heatmap"]: "## Which facts degrade first\n\nWhether the greedy answer passes the keyword check, per "
-    "question and column (blue: passes, grey: fails, white: not run; with several runs per cell, their share on a "
-    "cividis scale). Questions that fail in every column, full context included, are left out; the rest are "
-    "ordered with those the full context answers first (a black line ends them), fewest passing columns at the "
-    "bottom. When more rows than fit remain, those where the methods agree most are left out too (counted below).",
+    "interquartile range shaded; a log axis only where the losses span more than a decade. Variants with the same "
+    "loss at every step share a panel; a ratio without a curve is named on its panel. Only optimising methods have a "
+    "curve: the figure names the others.",
+    PLOTS["heatmap"]: "## Which facts degrade first\n\nEach question's retention per method variant and requested "
+    "ratio, binned (< 0.25, 0.25–0.5, 0.5–0.75, 0.75–0.9, ≥ 0.9) on a five-step cividis scale; white: not run. "
+    "Columns: per ratio, the variants the distance figure's rule picks, grouped by ratio; full and no context are retention's ends (1, "
+    "0) and are not drawn. Rows: the questions where the columns differ most, as many as fit, ordered by mean "
+    "retention, the first facts to degrade at the bottom; weak questions (no retention) and the rest are counted "
+    "below.",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vkv.sweep.breakdowns import breakdown, per_question
+from vkv.sweep.breakdowns import breakdown
 from vkv.sweep.variants import SweepResults
 
 PLOTS = {
@@ -16,9 +16,12 @@ PLOTS = {
 }
 
 
-def plots(results: SweepResults, table_rows: list[dict], out: Path) -> dict[str, list[str]]:
-    """Write the PNGs that have data (vkv.sweep.plots); returns {file name: report.md lines under it (alias key,
-    what was left out)}. Needs matplotlib (pip install 'vkv[plots]')."""
+def plots(
+    results: SweepResults, table_rows: list[dict], out: Path, reference: str | None = None
+) -> dict[str, list[str]]:
+    """Write the PNGs that have data (vkv.sweep.plots and its siblings); returns {file name: report.md lines under it
+    (alias key, what was left out)}. `reference` (the `--vs` variant) is drawn wherever the figures thin out a
+    crowded panel. Needs matplotlib (pip install 'vkv[plots]')."""
     try:
         import matplotlib  # optional dependency (vkv[plots])
 
@@ -26,15 +29,17 @@ def plots(results: SweepResults, table_rows: list[dict], out: Path) -> dict[str,
         import matplotlib.pyplot as plt  # noqa: F401
     except ImportError:
         return {}
+    from vkv.sweep import plot_losses, plot_questions
     from vkv.sweep import plots as draw
 
     out.mkdir(parents=True, exist_ok=True)
     names = draw.aliases(draw.methods(table_rows))  # one alias per long label, the same in every figure
+    distances = breakdown(results, "distance_tokens")
     drawn = {
-        "quality": lambda path: draw.draw_quality(table_rows, path, names),
-        "distance": lambda path: draw.draw_distance(*breakdown(results, "distance_tokens"), table_rows, path, names),
-        "loss": lambda path: draw.draw_losses(results.lines, path, names),
-        "heatmap": lambda path: draw.draw_heatmap(*per_question(results), path, names),
+        "quality": lambda path: draw.draw_quality(table_rows, path, names, reference),
+        "distance": lambda path: draw.draw_distance(*distances, table_rows, path, names, reference),
+        "loss": lambda path: plot_losses.draw_losses(results.lines, path, names),
+        "heatmap": lambda path: plot_questions.draw_heatmap(results.lines, table_rows, path, names, reference),
     }
     notes = {PLOTS[name]: plot(out / PLOTS[name]) for name, plot in drawn.items()}
     return {image: lines for image, lines in notes.items() if lines is not None}
