@@ -45,7 +45,7 @@ def head_budget_setting(default: str = "adaptive") -> Any:
 def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Entries each head keeps for `scores` `[layers, heads, n]` (higher is better) → (`index` `[layers, heads, t]`
     ascending span-relative indices, `real` `[layers, heads, t]` bool). `budget` is the mean per head: every layer
-    keeps `budget × heads` real entries, or with `global` the span `budget × layers × heads`; padding slots repeat
+    keeps `budget × heads` entries, or with `global` the span `budget × layers × heads`; padding slots repeat
     the head's first entry."""
     layers, heads, n = scores.shape
     if not 1 <= budget <= n:

@@ -260,9 +260,9 @@ class TranscriptEval:
     def result(
         self, name, config, question_aware, ratio, entries, measured, seconds, stats, slots=None, memory=None
     ) -> dict[str, Any]:
-        """One run's record; `entries` are the span's real entries per layer and KV head, `slots` the slots its
-        segments hold (more with head-wise budgets' padding; default: `entries`), `memory` what the decoding cache
-        holds in bytes (`memory()`)."""
+        """One run's record; `entries` are the span's entries per KV head (saved as `compressed_entries`), `slots`
+        its slots per layer and KV head (saved as `stored_entries`; more with head-wise budgets' padding; default:
+        `entries`), `memory` what the decoding cache holds in bytes (`memory()`)."""
         span_tokens = self.end - self.start
         questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
         usable = [q for q in questions if not q["weak"]]

@@ -25,7 +25,7 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
         usable = [q for q in questions if not q["weak"]]
         span = sum(r["span_tokens"] for r in rs)
         entries = sum(r["compressed_entries"] for r in rs)
-        # What the cache stores (head-wise budgets pad): known only if every run recorded it (runs before a9da539 did not)
+        # slots, what a padded cache stores: known only if every run recorded them (older runs did not)
         stored = sum(r["stored_entries"] for r in rs) if all("stored_entries" in r for r in rs) else None
         # Bytes the decoding cache holds for the span: known only for runs since the ragged cache recorded them
         in_memory = all(r.get("span_memory_bytes") is not None for r in rs)

@@ -16,7 +16,7 @@ class KVPrefix:
 
     `bias` (per layer `[B, kv_heads, length]`, or None for none) is added to every new query's attention logit
     for each entry: the fitted or proportional-attention bias compressed entries carry. `valid` `[B, length]`
-    (bool) marks real entries when prefixes of different lengths are padded into a batch; None: all are real.
+    (bool) marks the entries that are there when prefixes of different lengths are padded into a batch; None: all.
     `flat` (per layer, or None) holds entries kept per KV head besides the dense ones (a running compressed cache
     with head-wise budgets, `RaggedCache.prefix()`): they take the memory they use until `layer()` pads one layer's
     worth for attention. Such a prefix is extended (`cat`) and moved (`to`), not sliced, selected or batched."""

@@ -3,8 +3,8 @@
 Head-wise budgets (kvzip, am, vkv's head shares) keep a different number of entries in each KV head. Per layer this
 cache holds those entries flattened, one head after the other (`FlatHeads`: keys and values `[Σ_h n_h, head_dim]`,
 biases `[Σ_h n_h]`, the heads' offsets `[kv_heads + 1]`), and everything else in a dense part `[batch, kv_heads,
-length, head_dim]`: verbatim segments, segments whose heads all reach the same entries (with their biases `[1,
-kv_heads, loaded]` when any carries one), and every token fed afterwards (questions, generated tokens, new messages).
+length, head_dim]`: verbatim segments, segments without padding (with their biases `[1, kv_heads, loaded]` when
+any carries one), and every token fed afterwards (questions, generated tokens, new messages).
 
 The cache also owns the logical position. A compressed span holds fewer entries than the positions it covers, so
 `get_seq_length()` is the position the next token takes on the RoPE axis, and transformers places new tokens there by
@@ -255,9 +255,9 @@ class RaggedCache(Cache):
         padded: bool = False,
     ) -> RaggedCache:
         """The cache holding `segments` (in span order) with new tokens continuing at `next_position`; `shape` is the
-        model's (layers, kv_heads, head_dim). A segment some of whose slots a head does not reach (head-wise budgets:
-        −inf biases) is kept flat, only its reached entries; every other one is dense. `padded=True` keeps every
-        segment dense, padding included: the layout caches had before, kept as a reference to measure against."""
+        model's (layers, kv_heads, head_dim). A segment with padding (head-wise budgets: −inf biases) is kept flat,
+        its entries only; every other one is dense. `padded=True` keeps every segment dense, padding included: the
+        layout caches had before, kept as a reference to measure against."""
         layers, kv_heads, head_dim = shape
         for i, s in enumerate(segments):
             if tuple(s.keys.shape) != (layers, kv_heads, s.entries, head_dim):
@@ -390,10 +390,10 @@ def memory_plan(
     segments: Sequence[tuple[int, int | None, bool]], shape: tuple[int, int, int], itemsize: int, padded: bool = False
 ) -> MemoryLayout:
     """The layout from counts alone (what a cache file's header records): per segment (slots summed over layers and KV
-    heads, the slots heads reach or None when all, whether a reached entry carries a nonzero bias). A segment some of
-    whose slots no head reaches is flat: its reached rows, each with a float32 bias when any flat segment carries one.
-    Every other one is dense: all its rows, each with a float32 bias when any dense segment carries one or, in the
-    padded layout, has unreached slots (−inf). Per-head offsets (`offsets_nbytes`) are not included."""
+    heads, entries summed the same way or None when no slot is padding, whether an entry carries a nonzero bias). A
+    segment with padding is flat: its entries only, each with a float32 bias when any flat segment carries one. Every
+    other one is dense: all its slots, each with a float32 bias when any dense segment carries one or, in the padded
+    layout, has padding (−inf). Per-head offsets (`offsets_nbytes`) are not included."""
     flat = [not padded and reached is not None and reached < slots for slots, reached, _ in segments]
     dense_bias = any(
         biased or (reached is not None and reached < slots)
@@ -429,8 +429,8 @@ def _bias_or_zeros(segment: Segment) -> torch.Tensor:
 
 
 def _flat_heads(parts: list[tuple[Segment, torch.Tensor, int]], kv_heads: int, with_bias: bool) -> FlatHeads:
-    """Each head's reached entries of every segment in `parts` (segment, reach `[kv_heads, entries]`, layer), head by
-    head and in segment order within a head; their biases when `with_bias` (else they are all 0)."""
+    """Each head's entries of every segment in `parts` (segment, the slots holding entries `[kv_heads, slots]`,
+    layer), head by head and in segment order within a head; their biases when `with_bias` (else they are all 0)."""
     keys, values, bias, counts = [], [], [], []
     for head in range(kv_heads):
         rows = [(s, reach[head], layer) for s, reach, layer in parts]

@@ -40,8 +40,8 @@ def with_memory(
 ) -> list[dict[str, Any]]:
     """`rows` with `memory_bytes` (and `memory_part`, dense or flat) from the header's counts: what
     `RaggedCache.from_segments` holds for each segment. Headers written before the decoding cache was ragged lack
-    `reached` and `biased`; for them the reached total is the rounded mean times the heads, and a segment is taken
-    to carry a bias when it is padded or virtual."""
+    `reached` and `biased`; for them `reached` is the rounded entries per KV head times layers × heads, and a
+    segment is taken to carry a bias when it is padded or virtual."""
     if None in shape or not rows:
         return rows
     layers, heads, _ = shape
@@ -65,8 +65,8 @@ def with_memory(
 
 
 def segment_row(segment: dict[str, Any]) -> dict[str, Any]:
-    """`entries`: what attention reaches per layer and KV head (the ratio counts these); `slots`: what the cache
-    holds, more when head-wise budgets pad the heads that keep fewer."""
+    """`entries`: entries per KV head (the ratio counts these; the header's `real_entries`); `slots`: slots per
+    layer and KV head, what a padded cache holds (the header's `entries`), more when head-wise budgets pad."""
     stats = segment.get("stats") or {}
     start, end = segment["span"]
     slots = segment["entries"]
@@ -154,7 +154,7 @@ def report_table(rows: list[dict[str, Any]], title: str = "compression report"):
 
 
 def entries_text(row: dict[str, Any]) -> str:
-    """A row's entries for a table: "149", or "149 of 298 slots" when heads reach fewer than the cache holds."""
+    """A row's entries for a table: "149", or "149 of 298 slots" when some slots are padding."""
     return f"{row['entries']:g}" if row["entries"] == row["slots"] else f"{row['entries']:g} of {row['slots']} slots"
 
 

@@ -16,56 +16,56 @@ KINDS = ("verbatim", "virtual", "compact")  # compact: real keys, chosen per lay
 
 @dataclass(frozen=True)
 class SeparableBias:
-    """A bias `[layers, kv_heads, entries]` that is one number per entry plus one per layer and KV head where `real`,
-    −inf elsewhere: what masking a bias shared by every head per head gives (compress/head_budget.py). A file stores
+    """A bias `[layers, kv_heads, slots]` that is one number per slot plus one per layer and KV head where `real`,
+    −inf on padding: what masking a bias shared by every head per head gives (compress/head_budget.py). A file stores
     these (the mask as bits) instead of the dense floats; `dense()` gives back the same floats, bit for bit, because
     it is the same float32 sum the mask computed."""
 
-    per_entry: torch.Tensor  # [entries] float32
+    per_entry: torch.Tensor  # [slots] float32
     per_head: torch.Tensor  # [layers, kv_heads] float32
-    real: torch.Tensor  # [layers, kv_heads, entries] bool: the slots attention reaches
+    real: torch.Tensor  # [layers, kv_heads, slots] bool: the slots that hold entries (the rest is padding)
 
     def dense(self) -> torch.Tensor:
-        """`[layers, kv_heads, entries]` float32."""
+        """`[layers, kv_heads, slots]` float32."""
         return (self.per_entry.float() + self.per_head.float()[..., None]).masked_fill(~self.real, MASKED)
 
 
 @dataclass
 class Segment:
-    """K/V entries standing for original tokens [span[0], span[1])."""
+    """K/V entries standing for original tokens [span[0], span[1]), in slots (see `vkv.kv` for the counting words)."""
 
     kind: str
     span: tuple[int, int]
-    keys: torch.Tensor  # [layers, kv_heads, entries, head_dim], post-RoPE, as the model stores them
-    values: torch.Tensor  # [layers, kv_heads, entries, head_dim]
-    positions: torch.Tensor  # [entries] float32 logical positions
-    embeddings: torch.Tensor | None = None  # [entries, hidden] for virtual segments
+    keys: torch.Tensor  # [layers, kv_heads, slots, head_dim], post-RoPE, as the model stores them
+    values: torch.Tensor  # [layers, kv_heads, slots, head_dim]
+    positions: torch.Tensor  # [slots] float32 logical positions
+    embeddings: torch.Tensor | None = None  # [slots, hidden] for virtual segments
     stats: dict[str, Any] = field(default_factory=dict)
-    bias: torch.Tensor | None = None  # [layers, kv_heads, entries] float32, added to every later query's attention
+    bias: torch.Tensor | None = None  # [layers, kv_heads, slots] float32, added to every later query's attention
     # logit for the entry, per layer and KV head (a fitted bias; or proportional attention's log of the tokens an
-    # entry stands for, shared by all); None: no bias
+    # entry stands for, shared by all; −inf on padding); None: no bias
     separable: SeparableBias | None = None  # `bias` again as per-entry and per-head numbers, when it is that sum
 
     @property
     def entries(self) -> int:
-        """Slots per layer and KV head (what the cache stores)."""
+        """Slots per layer and KV head, padding included: what a padded cache stores (the name cache files use)."""
         return self.keys.shape[2]
 
     @property
     def real_entries(self) -> float:
-        """Entries attention can reach, per layer and KV head on average: head-wise budgets pad the heads that keep
-        fewer with slots whose bias is −inf. The ratio counts these."""
+        """Entries per KV head: the slots that are not padding, averaged over layers and KV heads (head-wise budgets
+        pad the heads that keep fewer). The ratio counts these."""
         if self.bias is None or bool(torch.isfinite(self.bias).all()):
             return self.entries
         return float(torch.isfinite(self.bias).sum()) / (self.bias.shape[0] * self.bias.shape[1])
 
     @property
     def carries_bias(self) -> bool:
-        """Whether an entry a head reaches has a nonzero bias (−inf on unreached slots is padding, not a bias)."""
+        """Whether an entry has a nonzero bias (the −inf of padding is not a bias)."""
         if self.bias is None:
             return False
-        reached = self.bias[torch.isfinite(self.bias)]
-        return bool((reached != 0).any())
+        entries = self.bias[torch.isfinite(self.bias)]
+        return bool((entries != 0).any())
 
     @property
     def original_tokens(self) -> int:
@@ -77,14 +77,15 @@ class Segment:
 
     @property
     def kv(self) -> KVPrefix:
-        """The entries as a batch-1 prefix, `[1, kv_heads, entries, head_dim]` per layer (views)."""
+        """The slots as a batch-1 prefix, `[1, kv_heads, slots, head_dim]` per layer (views)."""
         bias = None if self.bias is None else [b[None] for b in self.bias]
         return KVPrefix([k[None] for k in self.keys], [v[None] for v in self.values], None, bias)
 
     def entry_counts(self) -> dict[str, Any]:
-        """`entries` (slots per head); when heads reach fewer (head-wise budgets), `real_entries` (their mean per layer
-        and KV head) and `reached` (their total); `biased`: whether a reached entry carries a nonzero bias. A cache file's header records
-        these, which is all the arithmetic of the decoding cache's memory needs (`vkv.kv.ragged.memory_plan`)."""
+        """`entries` (slots per layer and KV head); when some are padding (head-wise budgets), `real_entries` (entries
+        per KV head) and `reached` (the entries of all layers and KV heads together); `biased`: whether an entry carries
+        a nonzero bias. A cache file's header records these, under these names, which is all the arithmetic of the
+        decoding cache's memory needs (`vkv.kv.ragged.memory_plan`)."""
         counts: dict[str, Any] = {"entries": self.entries}
         if self.real_entries != self.entries:
             counts.update(real_entries=round(self.real_entries, 2), reached=int(torch.isfinite(self.bias).sum()))
@@ -92,15 +93,14 @@ class Segment:
         return counts
 
     def compacted(self) -> Segment:
-        """The same entries in the fewest slots, as a compact segment: each layer's and KV head's reached entries
-        (finite bias) in slot order, padded to the most any head reaches with copies of its first entry masked by −inf
-        (the layout of kvzip's per-head segments). Later queries attend to the same keys, values and biases, so only the
-        memory changes; embeddings go, since a slot no longer stands for one input for every head. Entry j's position is
-        the mean position of the j-th reached entries of every head."""
-        reach = torch.isfinite(self.bias)  # [layers, kv_heads, entries]
+        """The same entries in the fewest slots, as a compact segment (`compact_segment`): each layer's and KV head's
+        entries (finite bias) in slot order, padded to the most entries any head has (the layout of kvzip's per-head
+        segments). Later queries attend to the same keys, values and biases, so only the memory changes; embeddings go,
+        since a slot no longer stands for one input for every head."""
+        reach = torch.isfinite(self.bias)  # [layers, kv_heads, slots]: the slots that hold entries
         counts = reach.sum(-1)
         slots = int(counts.max())
-        order = (~reach).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]  # reached first, in slot order
+        order = (~reach).to(torch.uint8).argsort(dim=-1, stable=True)[..., :slots]  # entries first, in slot order
         keys, values = (t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1])) for t in (self.keys, self.values))
         return compact_segment(
             self.span,
@@ -174,6 +174,7 @@ class SegmentGroup(list):
 
     @property
     def entries(self) -> float:
+        """Entries per KV head, summed over the segments: what the ratio counts."""
         return sum(s.real_entries for s in self)
 
     @property

@@ -62,19 +62,19 @@ class SplicedCache:
 
     def prefix(self, shape: tuple[int, int, int], device: torch.device | str, dtype: torch.dtype) -> KVPrefix:
         """The segments as a read-only prefix for the direct forward (`shape`: the model's layers, KV heads, head
-        size), each head's reached entries only: a running compressed cache that something is optimised on."""
+        size), each head's entries only (no padding): a running compressed cache that something is optimised on."""
         return self.ragged(shape, device, dtype).prefix()
 
     def ragged(
         self, shape: tuple[int, int, int], device: torch.device | str, dtype: torch.dtype, padded: bool = False
     ) -> RaggedCache:
         """The transformers Cache that decodes on these segments (`shape`: the model's layers, KV heads, head size):
-        each head's reached entries only, unless `padded` (see `RaggedCache.from_segments`)."""
+        each head's entries only, unless `padded` (see `RaggedCache.from_segments`)."""
         return RaggedCache.from_segments(self.segments, self.next_position, shape, device, dtype, padded)
 
     def span_entries(self, start: int, end: int, padded: bool = False) -> float:
-        """Entries standing for original tokens inside [start, end): real ones, or with `padded` the slots the cache
-        stores (head-wise budgets pad the heads that keep fewer)."""
+        """Entries per KV head of the segments standing for original tokens inside [start, end), or with `padded`
+        their slots, what a padded cache stores (head-wise budgets pad the heads that keep fewer)."""
         inside = [s for s in self.segments if start <= s.span[0] and s.span[1] <= end]
         return sum(s.entries if padded else s.real_entries for s in inside)
 

@@ -4,7 +4,7 @@ A digest only says that a file is the one that was written; anyone who edits a f
 cannot avoid is leaving entries the model itself would not produce: keys or values orders of magnitude larger or
 smaller than the model's, all-zero values, non-finite numbers, biases beyond any attention logit. The model gives the
 scale: a short prefill of a fixed text (`probe`) yields each layer's and KV head's key and value RMS, and every
-segment's entries a head reaches must lie within `BOUNDS` of them.
+segment's entries (its padding aside) must lie within `BOUNDS` of them.
 
 The bounds come from what every compression method really writes. On the test model (smollm2-135m) and
 tests/fixtures/mini-agent.json, caches written by `vkv compress --method M` (M = vkv, kvzip, am, snapkv, knorm, kvopt,
@@ -82,8 +82,8 @@ def probe(lm) -> ProbeStats:
 
 
 def head_rms(entries: torch.Tensor, reached: torch.Tensor | None = None) -> torch.Tensor:
-    """RMS per head of `entries` `[heads, n, head_dim]` over the slots `reached` `[heads, n]` marks (all: None);
-    NaN for a head that reaches none."""
+    """RMS per head of `entries` `[heads, n, head_dim]` over the slots `reached` `[heads, n]` marks as holding
+    entries (all: None); NaN for a head with none."""
     squares = entries.float().pow(2).mean(-1)
     if reached is None:
         return squares.mean(-1).sqrt()
@@ -129,20 +129,20 @@ def _check_embeddings(embeddings: torch.Tensor, scale: float, where: str) -> Non
 
 
 def _check_bias(bias: torch.Tensor, where: str) -> None:
-    # −inf marks a slot a head does not reach; NaN, +inf and finite numbers past any logit are edits
+    # −inf marks a padding slot; NaN, +inf and finite numbers past any logit are edits
     bad = bias.isnan() | (bias == float("inf")) | (torch.isfinite(bias) & (bias.abs() > MAX_BIAS))
     if bool(bad.any()):
         layer, head = _first(bad.any(-1))
         value = float(bias[layer, head][bad[layer, head]][0])
         raise VkvError(
             f"{where}.bias: layer {layer}, KV head {head} holds {value:g}, outside the finite range ±{MAX_BIAS:g} "
-            "(or −inf for a slot it does not reach)"
+            "(or −inf for a padding slot)"
         )
 
 
 def _check_ratio(ratio: torch.Tensor, name: str, layer: int, where: str) -> None:
     for head, r in enumerate(ratio.tolist()):
-        if r != r:  # NaN: the head reaches no entry of this segment
+        if r != r:  # NaN: the head has no entry in this segment
             continue
         if r == 0 and name == "values":
             raise VkvError(f"{where}.values: layer {layer}, KV head {head}: every value it reaches is zero")
