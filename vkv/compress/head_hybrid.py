@@ -71,7 +71,8 @@ class Verbatim:
 
 
 def reached(index: torch.Tensor, real: torch.Tensor, n: int) -> torch.Tensor:
-    """`per_head_index`'s choice as a mask `[layers, heads, n]`: which of n entries each head reaches."""
+    """`per_head_index`'s choice as a mask `[layers, heads, n]`: which of the n candidates each head keeps as its
+    entries (its other slots are padding)."""
     return torch.zeros(*index.shape[:2], n, dtype=torch.int32).scatter_add_(-1, index, real.int()) > 0
 
 
@@ -85,12 +86,12 @@ def head_hybrid_bias(
     kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
-    (blocks over the whole span), −inf where a head does not reach the entry. `token_scores` `[layers, heads, n]` is
-    the reconstruction pass's importance of the span's tokens; each head keeps `split.verbatim` own entries and
-    `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global, compress/head_budget.py). A
-    reached own entry has bias 0 (it stands for itself); a reached virtual token log(its block's tokens the head does not hold) with
-    proportional attention, else 0, plus `offset`. `kept` `[layers, heads, n]`: the entries each head holds verbatim,
-    when another method chose them (`Verbatim.kept`)."""
+    (blocks over the whole span), −inf on padding (a slot whose entry the head does not keep). `token_scores`
+    `[layers, heads, n]` is the reconstruction pass's importance of the span's tokens; each head keeps
+    `split.verbatim` own entries and `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global,
+    compress/head_budget.py). A kept own entry has bias 0 (it stands for itself); a kept virtual token log(its
+    block's tokens the head does not hold) with proportional attention, else 0, plus `offset`. `kept`
+    `[layers, heads, n]`: the entries each head holds verbatim, when another method chose them (`Verbatim.kept`)."""
     layers, heads, n = token_scores.shape
     verbatim = torch.zeros(layers, heads, n, dtype=torch.bool) if kept is None else kept
     if split.verbatim and kept is None:
