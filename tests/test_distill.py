@@ -1,13 +1,17 @@
 """The distillation stage: probes are question-free, the loss is zero for the real span and falls when optimised."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import DistillConfig, build_probes, distill, summary_request_ids
 from vkv.compress.optimise import OptimConfig
+from vkv.compress.reconstruction import read_out_feeds
 from vkv.compress.single import compress_span
 from vkv.errors import VkvError
+from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
 from vkv.lm.capture import capture_span
 from vkv.text.transcript import load_transcript, render
@@ -55,3 +59,64 @@ def test_compress_records_the_distillation_stage(tiny_llama, problem):
     assert CompressConfig.from_dict(config.to_dict()) == config.validate()
     with pytest.raises(VkvError, match="probes"):
         DistillConfig(probes=("questions",)).validate()
+
+
+def test_repeat_probes_are_the_span_teacher_forced_in_chunks(tiny_llama, problem):
+    """The repeat probe re-reads the span after a request to repeat it (the read-out's feeds), chunk by chunk:
+    together the chunks hold every span token once, and nothing else comes from the conversation."""
+    ids, start, end, teacher = problem
+    config = DistillConfig(steps=1, probes=("repeat",), probe_tokens=16)
+    probes = build_probes(tiny_llama, ids, end, teacher, config, start)
+    feeds = read_out_feeds(tiny_llama, list(ids[start:end]), start, 16)
+    assert [p.ids for p in probes] == [fed for fed, _ in feeds] and len(probes) > 1
+    assert sum(len(fed) - first for fed, first in feeds) == end - start
+    assert all(p.teacher.shape == (len(p.ids), tiny_llama.spec.vocab_size) for p in probes)
+    with pytest.raises(VkvError, match="the repeat probe needs the span's start"):
+        build_probes(tiny_llama, ids, end, teacher, config)
+
+
+def test_probes_in_turn_keep_the_result_only_if_every_probes_loss_fell(tiny_llama, problem):
+    ids, start, end, teacher = problem
+    config = DistillConfig(steps=3, lr=2e-3, probes=("repeat",), probe_tokens=16, step_tokens=40)
+    probes = build_probes(tiny_llama, ids, end, teacher, config, start)
+    prefix = teacher.slice(0, start)
+    k = (end - start) // 4
+    start_x = tiny_llama.embed(torch.tensor(ids[start : start + k])).float()
+    best, trace = distill(tiny_llama, prefix, start_x, torch.linspace(start, end - 1, k), end, probes, config)
+    assert len(trace) == config.steps + 2  # every probe before, one group per step, every probe after
+    assert torch.equal(best, start_x) != (trace[-1] < trace[0])
+
+
+def test_the_fixed_part_and_the_virtual_bias_enter_the_students_context(tiny_llama, problem):
+    """With the whole span as the fixed part (bias 0) and every virtual token masked, the student reads what the
+    teacher reads: the KL is zero whatever the embeddings."""
+    ids, start, end, teacher = problem
+    config = DistillConfig(steps=0, probes=("repeat",), probe_tokens=16)
+    probes = build_probes(tiny_llama, ids, end, teacher, config, start)
+    span = teacher.slice(start, end)
+    layers, heads = len(span.keys), span.keys[0].shape[1]
+    fixed = KVPrefix(span.keys, span.values, None, [torch.zeros(1, heads, end - start)] * layers)
+    x = torch.randn(3, tiny_llama.spec.hidden_size)
+    masked = torch.full((layers, heads, 3), MASKED)
+    _, trace = distill(
+        tiny_llama, teacher.slice(0, start), x, torch.tensor([5.0, 6, 7]), end, probes, config, fixed, masked
+    )
+    assert trace[0] == pytest.approx(0.0, abs=1e-4)
+    weighed = torch.full_like(masked, 5.0)
+    _, open_trace = distill(
+        tiny_llama, teacher.slice(0, start), x, torch.tensor([5.0, 6, 7]), end, probes, config, fixed, weighed
+    )
+    assert open_trace[0] > 1e-3  # weighed up by their bias, the same virtual tokens change what the student reads
+
+
+def test_distillation_beside_a_per_head_verbatim_share_tunes_only_the_virtual_tokens(tiny_llama, problem):
+    ids, start, end, _ = problem
+    base = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=2))
+    distilled = replace(base, distill=DistillConfig(steps=2, probes=("repeat",), probe_tokens=16))
+    plain = [s for s in compress_span(tiny_llama, ids, start, end, 3.0, base).segments if s.kind == "compact"][0]
+    tuned = [s for s in compress_span(tiny_llama, ids, start, end, 3.0, distilled).segments if s.kind == "compact"][0]
+    stats = tuned.stats["distill"]
+    assert stats["best_kl"] <= stats["initial_kl"] and len(stats["trace"]) == 3
+    assert torch.equal(torch.isfinite(plain.bias), torch.isfinite(tuned.bias))  # each head holds the same entries
+    own = tuned.bias == 0  # the verbatim entries (the virtual tokens carry the offset)
+    assert torch.equal(plain.keys[own], tuned.keys[own]) and torch.equal(plain.values[own], tuned.values[own])

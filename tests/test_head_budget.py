@@ -444,7 +444,7 @@ def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_sa
         ({"verbatim_share": 1.0, "share_scores": "reconstruction"}, "field verbatim_share: must be a fraction"),
         (
             {"verbatim_share": 0.5, "share_scores": "reconstruction", "fit_bias": True},
-            "field verbatim_share: fit_bias and the distillation stage are not implemented",
+            "field verbatim_share: fit_bias is not implemented beside verbatim entries",
         ),
         ({"verbatim_share": 0.0, "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),
         ({"head_budget": "shared", "virtual_offset": -2.0}, "field virtual_offset: it weighs virtual tokens against"),

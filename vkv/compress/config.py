@@ -108,10 +108,10 @@ class CompressConfig(Config):
                     "field verbatim_share: each head's verbatim entries are chosen by the reconstruction pass; it needs "
                     "a per-head head_budget (uniform, adaptive or global) and share_scores reconstruction"
                 )
-            if self.fit_bias or self.distill.steps:
+            if self.fit_bias:
                 raise VkvError(
-                    "field verbatim_share: fit_bias and the distillation stage are not implemented beside verbatim "
-                    "entries (they fit the virtual tokens alone); set them off or verbatim_share to 0"
+                    "field verbatim_share: fit_bias is not implemented beside verbatim entries (it fits the virtual "
+                    "tokens alone); set it off or verbatim_share to 0"
                 )
         if self.verbatim_source != "kvzip" and not self.verbatim_share:
             raise VkvError(
@@ -134,7 +134,7 @@ class CompressConfig(Config):
         entries."""
         share, proportional = self.verbatim_share, self.proportional_attention
         if share is None:
-            allowed = self.head_verbatim and self.needs_reconstruction and not self.fit_bias and not self.distill.steps
+            allowed = self.head_verbatim and self.needs_reconstruction and not self.fit_bias
             share = DEFAULT_VERBATIM_SHARE if allowed else 0.0
         if proportional is None:
             proportional = not share

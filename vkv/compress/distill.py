@@ -3,7 +3,11 @@ span, predicts the same next tokens on probe text as it does when it reads the s
 
 Probes never involve evaluation questions: `continuation` is the conversation's own next tokens after the
 span; `summary` is a generic request to summarise the conversation followed by the answer the model
-generates with the full span in view. The loss is KL(full ‖ compressed) averaged over probe tokens.
+generates with the full span in view; `repeat` is the span itself, teacher-forced after a request to repeat it, in
+chunks (the reconstruction pass's read-out, the objective of Cartridges' self-study): the compressed context must
+let the model re-read the span as the full context does. The loss is KL(full ‖ compressed) averaged over probe
+tokens; with `step_tokens`, each step scores the next probes in turn, and the stage keeps its result only if the loss
+over every probe fell.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.reconstruction import read_out_feeds
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import RaggedCache
@@ -22,7 +27,7 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import check_ranges, setting
 
-PROBES = ("continuation", "summary")
+PROBES = ("continuation", "summary", "repeat")
 SUMMARY_REQUEST = (
     "Summarise the conversation so far. List every file, function, command, setting, value, error "
     "and decision with its exact name."
@@ -35,8 +40,13 @@ class DistillConfig:
         0, "after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)", minimum=0
     )
     lr: float = setting(3e-3, "the distillation stage's learning rate", minimum=0, above=True)
-    probes: tuple[str, ...] = setting(PROBES, f"probe texts, from {', '.join(PROBES)}")
-    probe_tokens: int = setting(64, "tokens scored per probe (the summary's request comes on top)", minimum=1)
+    probes: tuple[str, ...] = setting(PROBES[:2], f"probe texts, from {', '.join(PROBES)}")
+    probe_tokens: int = setting(
+        64, "tokens scored per probe (the summary's request comes on top; repeat: the span's chunk length)", minimum=1
+    )
+    step_tokens: int = setting(
+        0, "probe tokens scored per Adam step, the probes taken in turn (0: every probe at every step)", minimum=0
+    )
 
     def validate(self) -> DistillConfig:
         unknown = set(self.probes) - set(PROBES)
@@ -66,9 +76,16 @@ def summary_request_ids(tokenizer) -> list[int]:
     return tokenizer(after[len(before) :], add_special_tokens=False)["input_ids"]
 
 
-def build_probes(lm: FrozenLM, ids: list[int], end: int, teacher: KVPrefix, config: DistillConfig) -> list[Probe]:
-    """Probe token sequences and the full-context model's log-probabilities on them (no gradients)."""
+def build_probes(
+    lm: FrozenLM, ids: list[int], end: int, teacher: KVPrefix, config: DistillConfig, start: int | None = None
+) -> list[Probe]:
+    """Probe token sequences and the full-context model's log-probabilities on them (no gradients); `start`: where
+    the span begins (the repeat probes')."""
     sequences = []
+    if "repeat" in config.probes:
+        if start is None:
+            raise VkvError("the repeat probe needs the span's start")
+        sequences += [fed for fed, _ in read_out_feeds(lm, list(ids[start:end]), start, config.probe_tokens)]
     if "continuation" in config.probes and end < len(ids):
         sequences.append(list(ids[end : end + config.probe_tokens]))
     if "summary" in config.probes:
@@ -90,25 +107,59 @@ def distill(
     end: int,
     probes: list[Probe],
     config: DistillConfig,
+    fixed: KVPrefix | None = None,
+    bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Adam on embeddings `[k, hidden]` to minimise the mean KL over probes; returns the best and the loss trace."""
+    """Adam on embeddings `[k, hidden]` to minimise the mean KL over probes; returns the best and the loss trace (per
+    step; with probes taken in turn, the loss over every probe before and after comes first and last). `fixed`: entries
+    the context holds beside the virtual tokens (a per-head hybrid's verbatim part, whose bias masks what a head does
+    not hold); `bias` `[layers, kv_heads, k]`: the virtual tokens' own per head."""
     x = embeddings.detach().to(lm.device, torch.float32).clone().requires_grad_(True)
+    context = prefix if fixed is None else prefix.cat(fixed)
+    virtual_bias = None if bias is None else [b[None].to(lm.device) for b in bias]
+
+    def loss(chosen: list[Probe]) -> torch.Tensor:
+        keys, values = lm.forward_kv(x[None].to(lm.dtype), positions, prefix)
+        spliced = context.cat(KVPrefix(keys, values, None, virtual_bias))
+        return sum(_kl(probe.teacher, _logprobs(lm, spliced, end, probe.ids)) for probe in chosen) / len(chosen)
+
+    turns = _in_turn(probes, config.step_tokens)
     optimiser = torch.optim.Adam([x], lr=config.lr)
     best, best_loss, trace = x.detach().clone(), math.inf, []
+    if len(turns) > 1:
+        with torch.no_grad():
+            trace.append(float(loss(probes)))
     for step in range(config.steps + 1):
-        keys, values = lm.forward_kv(x[None].to(lm.dtype), positions, prefix)
-        spliced = prefix.cat(KVPrefix(keys, values))
-        loss = sum(_kl(probe.teacher, _logprobs(lm, spliced, end, probe.ids)) for probe in probes) / len(probes)
-        trace.append(float(loss.detach()))
-        if trace[-1] < best_loss:
+        if len(turns) > 1 and step == config.steps:
+            break
+        value = loss(turns[step % len(turns)])
+        trace.append(float(value.detach()))
+        if len(turns) == 1 and trace[-1] < best_loss:
             best, best_loss = x.detach().clone(), trace[-1]
         if step == config.steps or not math.isfinite(trace[-1]):
             break
         optimiser.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         torch.nn.utils.clip_grad_norm_([x], 1.0)
         optimiser.step()
+    if len(turns) > 1:  # losses on different probes do not compare: the result is kept if every probe's fell
+        with torch.no_grad():
+            trace.append(float(loss(probes)))
+        best = x.detach().clone() if trace[-1] < trace[0] else embeddings.detach().to(lm.device, torch.float32)
     return best.cpu(), trace
+
+
+def _in_turn(probes: list[Probe], step_tokens: int) -> list[list[Probe]]:
+    """The probes in consecutive groups of at most `step_tokens` tokens (each at least one probe); one group of all
+    when `step_tokens` is 0."""
+    if not step_tokens:
+        return [probes]
+    groups: list[list[Probe]] = [[]]
+    for probe in probes:
+        if groups[-1] and sum(len(p.ids) for p in groups[-1]) + len(probe.ids) > step_tokens:
+            groups.append([])
+        groups[-1].append(probe)
+    return groups
 
 
 def _kl(teacher: torch.Tensor, student: torch.Tensor) -> torch.Tensor:

@@ -75,28 +75,31 @@ def virtual_segment(
         token_scores=token_scores,
     )
     positions = problem.positions
+    if split.verbatim:  # each head's share does not depend on the embeddings: known before any stage tunes them
+        kept = None if verbatim is None else verbatim.kept
+        rule, proportional = config.head_budget, config.proportional_attention
+        own, virtual = head_hybrid_bias(
+            token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
+        )
     built = time.perf_counter()
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
     if teacher is None and (config.distill.validate().steps or (split.verbatim and span_kv is None)):
         _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
         teacher = KVPrefix.from_cache(cache)
+    if split.verbatim:
+        span_kv, own = (verbatim.span_kv, verbatim.bias) if verbatim else (span_kv or _own_kv(teacher, start, end), own)
     if config.distill.steps:
-        embeddings = _distilled(lm, ids, end, teacher, prefix, embeddings, positions, config, stats)
+        beside = None
+        if split.verbatim:
+            beside = (KVPrefix(span_kv.keys, span_kv.values, None, [b[None] for b in own]), virtual)
+        embeddings = _distilled(lm, ids, (start, end), teacher, prefix, embeddings, positions, config, stats, beside)
     optimised = time.perf_counter()
     keys, values = virtual_kv(lm, embeddings, positions, prefix)
     kv_done = time.perf_counter()
-    if split.verbatim:
-        bias, separable = None, None
-        kept = None if verbatim is None else verbatim.kept
-        rule, proportional = config.head_budget, config.proportional_attention
-        own, virtual = head_hybrid_bias(
-            token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
-        )
-    else:
-        bias, separable = problem.bias(config, keys, budget)
-    stats["phase_seconds"] = {  # where the time went: pooled targets, the span's read-out queries, the optimiser
-        # (and distillation), the virtual tokens' K/V, the biases (with head-wise budgets, each head's share)
+    bias, separable = (None, None) if split.verbatim else problem.bias(config, keys, budget)
+    stats["phase_seconds"] = {  # where the time went: pooled targets (and a per-head hybrid's shares), the span's
+        # read-out queries, the optimiser (and distillation), the virtual tokens' K/V, the biases of virtual tokens alone
         "targets": round(built - started - problem.readout_seconds, 4),
         "readout": round(problem.readout_seconds, 4),
         "optimise": round(optimised - built, 4),
@@ -106,25 +109,30 @@ def virtual_segment(
     segment = Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
     record_loss(segment, values, problem.targets)
     if split.verbatim:
-        if verbatim is not None:
-            span_kv, own = verbatim.span_kv, verbatim.bias
-        elif span_kv is None:
-            if teacher.length != end:
-                raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
-            span_kv = teacher.slice(start, end)
         stats["verbatim_per_head"] = split.verbatim
         segment = beside_verbatim(segment, span_kv, own, virtual)
     return segment
 
 
-def _distilled(lm, ids, end, teacher, prefix, embeddings, positions, config, stats) -> torch.Tensor:
-    """The embeddings after the distillation stage; its KL trace goes into `stats`."""
-    probes = build_probes(lm, ids, end, teacher, config.distill)
-    embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill)
+def _own_kv(teacher: KVPrefix, start: int, end: int) -> KVPrefix:
+    """The span's own K/V out of the full-context K/V of tokens [0, end)."""
+    if teacher.length != end:
+        raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
+    return teacher.slice(start, end)
+
+
+def _distilled(lm, ids, span, teacher, prefix, embeddings, positions, config, stats, beside=None) -> torch.Tensor:
+    """The embeddings after the distillation stage; its KL trace goes into `stats`. `beside`: a per-head hybrid's
+    verbatim entries (their bias masking what each head does not hold) and the virtual tokens' bias per head."""
+    start, end = span
+    probes = build_probes(lm, ids, end, teacher, config.distill, start)
+    fixed, bias = beside or (None, None)
+    embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill, fixed, bias)
     stats["distill"] = {
         "probe_tokens": [len(p.ids) for p in probes],
         "initial_kl": trace[0],
         "best_kl": min(trace),
+        "final_kl": trace[-1],
         "trace": trace,
     }
     return embeddings
