@@ -16,6 +16,22 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TEST_MODEL = "smollm2-135m"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def temporary_home(tmp_path_factory):
+    """A temporary $VKV_HOME for the whole run, so that the cache signing key the tests make (vkv.kv.sign) and any
+    other state they write never touch the user's; the fetched models and LaMR demo checkpoints are linked in."""
+    from vkv.home import vkv_home
+
+    real, home = vkv_home(), tmp_path_factory.mktemp("vkv-home")
+    (real / "models").mkdir(parents=True, exist_ok=True)  # a model fetched during the run is kept for the next
+    for shared in ("models", "lamr-demo"):
+        if (real / shared).exists():
+            (home / shared).symlink_to(real / shared)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VKV_HOME", str(home))
+        yield home
+
+
 @pytest.fixture(scope="session")
 def test_model_dir() -> Path:
     """The converted test model; fetched on first use so the suite needs no hidden setup step."""

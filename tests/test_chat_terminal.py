@@ -43,7 +43,7 @@ def _read_until(fd: int, seen: bytearray, text: bytes, timeout: float = 300, mar
 
 
 @pytest.mark.integration
-def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir, smol, tmp_path):
+def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir, smol, tmp_path, monkeypatch):
     from vkv.compress.session import Session
 
     home = tmp_path / "home"
@@ -82,6 +82,7 @@ def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir,
             os.waitpid(pid, 0)
         os.close(fd)
     assert os.waitstatus_to_exitcode(code) == 0 and "Traceback" not in text
+    monkeypatch.setenv("VKV_HOME", str(home))  # the chat's user, whose key signed the file
     session = Session.load(saved, smol)
     asked = [m.content for m in session.messages if m.role == "user"]
     # the second question is kept only when its answer ended before the Ctrl-C; a Ctrl-C just after Enter may still

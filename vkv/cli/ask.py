@@ -8,8 +8,15 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, write_json
-from vkv.kv.file import read_header
+from vkv.cli.common import (
+    ModelConfig,
+    console,
+    load_model_from,
+    recorded_transcript,
+    trust_foreign_setting,
+    write_json,
+)
+from vkv.kv.file import trusted_header
 from vkv.lm.context import Context
 from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
@@ -24,18 +31,19 @@ class AskConfig:
     transcript: str | None = setting(None, "the transcript the cache was built from (default: recorded path)")
     max_new_tokens: int = setting(32, "longest answer, in tokens", minimum=1)
     json: str | None = setting(None, "also write the question and answer here")
+    trust_foreign: bool = trust_foreign_setting()
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
 
     config = from_args(AskConfig, args)
-    header = read_header(args.cache)
+    header = trusted_header(args.cache, config.trust_foreign)  # a foreign file is refused before any model loads
     model = config.model
     if model.model is None:
         model = dataclasses.replace(model, model=header.get("model"))
     transcript = recorded_transcript(args.cache, header, config.transcript)  # refused before any rebuild is run
     lm = load_model_from(model)
-    spliced = load_cache(args.cache, lm)
+    spliced = load_cache(args.cache, lm, config.trust_foreign)
     rendered = render(transcript, lm.tokenizer)
     prompt, _ = followup(lm.tokenizer, rendered, transcript, config.question, config.answer_prefix)
     answer = lm.tokenizer.decode(Context(lm, spliced).greedy(prompt, config.max_new_tokens), skip_special_tokens=True)

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vkv.cli.chat_loop import Chat
-from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript
+from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, trust_foreign_setting
 from vkv.cli.method_flags import add_recipe_args, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO
 from vkv.compress.session import Session, message_dict
 from vkv.errors import VkvError
-from vkv.kv.file import read_header
+from vkv.kv.file import trusted_header
 from vkv.lm.load import resolve_model_path
 from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
@@ -45,31 +45,37 @@ class ChatConfig:
         0, "compress the verbatim messages once this many have accumulated (0: never)", minimum=0
     )
     ratio: float = setting(DEFAULT_RATIO, "the ratio --compress-every compresses at", minimum=1, above=True)
+    trust_foreign: bool = trust_foreign_setting()
 
 
-def open_session(source: str, lm, recipe):
+def open_session(source: str, lm, recipe, trust_foreign: bool = False):
     """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
-    a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig)."""
+    a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig). A cache file not signed with
+    this user's key is refused unless `trust_foreign`."""
     path = Path(source)
     if path.suffix == ".json":
         session = Session(lm, recipe)
         session.extend([message_dict(m) for m in load_transcript(path).messages])
         return session
-    header = read_header(path)
+    header = trusted_header(path, trust_foreign)
     if "session" in header:
-        return Session.load(path, lm)
-    return Session.continuing(lm, recorded_transcript(path, header), load_cache(path, lm))
+        return Session.load(path, lm, trust_foreign)
+    return Session.continuing(lm, recorded_transcript(path, header), load_cache(path, lm, trust_foreign))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
 
     config = from_args(ChatConfig, args)
     model = config.model
-    if model.model is None and Path(args.source).suffix != ".json":  # a cache file names its model
-        model = dataclasses.replace(model, model=read_header(args.source).get("model"))
+    inputs = {args.source: "the chat's source"}
+    if Path(args.source).suffix != ".json":  # a cache file: refused before any model loads unless it is trusted
+        header = trusted_header(args.source, config.trust_foreign)
+        if model.model is None:  # it names its model
+            model = dataclasses.replace(model, model=header.get("model"))
     lm = load_model_from(model)  # a transcript gets the default model
     # a chat keeps no uncompressed history, so its turns' targets come from the running cache
-    session = open_session(args.source, lm, dataclasses.replace(recipe_from_args(args), target_source="online"))
+    recipe = dataclasses.replace(recipe_from_args(args), target_source="online")
+    session = open_session(args.source, lm, recipe, config.trust_foreign)
     if config.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
@@ -83,7 +89,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
         console.print(
             f"{len(session.messages)} messages, {session.memory_bytes / 2**20:.1f} MiB of cache; /help lists commands"
         )
-    inputs = {args.source: "the chat's source"}
     path, local = resolve_model_path(lm.name)
     if local:
         inputs[path] = "the model directory"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
@@ -33,6 +34,15 @@ def recorded_transcript(cache_path, header: dict, override: str | None = None):
     if recorded.get("sha256") not in (None, transcript.sha256):
         raise VkvError(f"{path}: field sha256: this transcript is not the one the cache was built from")
     return window_transcript(transcript, *recorded["window"]) if recorded.get("window") else transcript
+
+
+def trust_foreign_setting() -> Any:
+    """`--trust-foreign`, a field of every command that loads cache files (vkv.kv.sign)."""
+    return setting(
+        False,
+        "load a cache file not signed with your key (another user's, or written before signatures); its digest and "
+        "plausibility for the model are still checked",
+    )
 
 
 @dataclass

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from vkv.cli.common import ModelConfig, console, load_model_from, write_json
+from vkv.cli.common import ModelConfig, console, load_model_from, trust_foreign_setting, write_json
 from vkv.cli.method_flags import add_method_args, add_recipe_args, build_method, given_options, recipe_from_args
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
+from vkv.kv.file import trusted_header
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
 from vkv.progress import counted, status, step_bar
@@ -59,6 +60,7 @@ class EvalCommand:
         "first answered there",
     )
     cache: str | None = setting(None, "also evaluate this compressed cache file")
+    trust_foreign: bool = trust_foreign_setting()
     allow_leaks: bool = setting(
         False,
         "score questions whose answers the uncompressed messages or the question give away (vkv validate lists them)",
@@ -83,6 +85,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
     for path in args.transcripts:  # a file that cannot be read is refused before the model loads
         load_transcript(path)
+    if command.cache:  # and so is a cache file that is not this user's
+        trusted_header(command.cache, command.trust_foreign)
     lm = load_model_from(command.model)
     units = list(eval_units(lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only))
     classes = [METHODS[name] for name in methods]
@@ -107,7 +111,7 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
         evaluation = TranscriptEval(lm, transcript, turns, settings, command.allow_leaks)
     results = []
     if command.cache:
-        results.append(evaluation.evaluate_cache(load_cache(command.cache, lm)))
+        results.append(evaluation.evaluate_cache(load_cache(command.cache, lm, command.trust_foreign)))
         done()
     for name in names:
         method = build_method(METHODS[name], recipe, args, options)

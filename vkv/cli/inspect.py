@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from vkv.cli.common import console, key_value_table, write_json
+from vkv.cli.common import console, key_value_table, trust_foreign_setting, write_json
 from vkv.kv.file import integrity, read_header, verify
 from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
 from vkv.settings import add_arguments, from_args, setting
@@ -21,12 +21,13 @@ class InspectConfig:
     report: bool = setting(False, "also print the per-turn compression report")
     header_only: bool = setting(False, "read the header alone (by default every tensor is checked against it first)")
     json: str | None = setting(None, "also write the header here")
+    trust_foreign: bool = trust_foreign_setting()
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
 
     config = from_args(InspectConfig, args)
-    header = read_header(args.cache) if config.header_only else verify(args.cache)
+    header = read_header(args.cache) if config.header_only else verify(args.cache, config.trust_foreign)
     stored = storage(args.cache, header)
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
     meta["integrity"] = "not checked (--header-only)" if config.header_only else integrity(header)

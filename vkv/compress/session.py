@@ -32,7 +32,7 @@ from vkv.compress.sequential import (
     compress_virtual_turns,
 )
 from vkv.errors import VkvError
-from vkv.kv.file import cache_metadata, read_header, save_cache
+from vkv.kv.file import cache_metadata, save_cache, trusted_header
 from vkv.kv.report import cache_rows, report_totals
 from vkv.kv.segment import Segment
 from vkv.kv.spliced import SplicedCache
@@ -257,13 +257,14 @@ class Session:
         save_cache(SplicedCache(self.cache.segments, self.cache.next_position, meta), path)
 
     @classmethod
-    def load(cls, path: str | Path, model: FrozenLM) -> Session:
-        """Restore a saved session; refuses files of another model, plain caches and re-rendered messages."""
-        header = read_header(path)
+    def load(cls, path: str | Path, model: FrozenLM, trust_foreign: bool = False) -> Session:
+        """Restore a saved session; refuses files of another model, plain caches, re-rendered messages and files not
+        signed with this user's key unless `trust_foreign` (vkv.kv.sign)."""
+        header = trusted_header(path, trust_foreign)
         if not isinstance(header.get("session"), dict):
             raise VkvError(f"{path}: a vkv cache without a session field, so not a saved session")
         saved = header["session"]
-        cache = load_cache(path, model)
+        cache = load_cache(path, model, trust_foreign)
         session = cls(model, MultiTurnConfig.from_dict(saved.get("config", {})))
         messages = [as_message(m, i) for i, m in enumerate(saved.get("messages", []))]
         session.turns, session.ids, session.text = session._rendering_with(messages)

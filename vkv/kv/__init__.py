@@ -1,6 +1,7 @@
 """Key/value entries and the files that hold them, without the model: segments, spliced and ragged caches, and cache
 files whose header and tensors are checked against each other, against the format versions that wrote their fields,
-and against a digest. Whether the entries suit a model is checked where a model can run (`vkv.lm.plausible`).
+against a digest, and against a signature with the user's own key (`vkv.kv.sign`: another user's file loads only when
+trusted). Whether the entries suit a model is checked where a model can run (`vkv.lm.plausible`).
 
 Counting entries, in one vocabulary:
 

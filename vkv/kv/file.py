@@ -19,14 +19,17 @@ from vkv.errors import VkvError
 from vkv.io import atomic_path
 from vkv.kv.check import STORES, check_cache, check_digest, digest
 from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
+from vkv.kv.sign import TRUST_HOW, sign, unsigned_reason
 from vkv.kv.spliced import SplicedCache
 from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
 
-# 5: the digest is required; 4: a separable bias as per-entry and per-head numbers and a bit mask (the digest from
-# late in its life); 3: padded segments stored flat; 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry
-FORMAT_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)
+# 6: signed with the writer's key (`key_id`, `signature`, vkv.kv.sign); 5: the digest is required; 4: a separable
+# bias as per-entry and per-head numbers and a bit mask (the digest from late in its life); 3: padded segments stored
+# flat; 2: per-layer, per-KV-head `bias`; 1: a shared `mass` per entry. Files before 6 load only when trusted.
+FORMAT_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)
 COUNTED_SINCE = 5  # from this version on, a segment row without `reached` lets attention reach every slot
+SIGNED_SINCE = 6
 MAX_NESTING = 64  # a header nests a few levels (config, segment stats); deeper JSON was not written by vkv
 
 
@@ -41,7 +44,11 @@ class Versions:
     last: int | None = None
 
 
-HEADER_FIELDS = {"digest": Versions(4, required=5)}
+HEADER_FIELDS = {
+    "digest": Versions(4, required=5),
+    "key_id": Versions(SIGNED_SINCE, required=SIGNED_SINCE),
+    "signature": Versions(SIGNED_SINCE, required=SIGNED_SINCE),
+}
 TENSOR_FIELDS = {  # by the name after `segments.{i}.`; those absent from this table are in every version
     "mass": Versions(1, last=1),
     "bias": Versions(2),
@@ -88,7 +95,8 @@ def cache_metadata(lm: ModelIdentity, **extra) -> dict[str, Any]:
 
 
 def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Sequence[int] | None = None) -> None:
-    """Write tensors and a validated metadata header; atomic (temp file, then rename).
+    """Write tensors and a validated metadata header, signed with this user's key (vkv.kv.sign, which makes the key
+    on the first write); atomic (temp file, then rename).
 
     `store="embeddings"` writes no keys or values: verbatim segments keep their token ids (taken from `ids`, the
     rendered tokens their spans index) and virtual ones their embeddings; `load_cache` rebuilds the K/V."""
@@ -122,10 +130,12 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         **cache.meta,
         "store": store,  # after the meta, which holds the store a loaded cache came from
     }
-    header.pop("digest", None)  # a loaded cache's meta holds its file's
+    for name in HEADER_FIELDS:  # a loaded cache's meta may hold its file's
+        header.pop(name, None)
     header["digest"] = digest(header, tensors)
+    header = sign(json.loads(json.dumps(header, default=str)))  # signed as the file will hold it
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header, default=str)})
+        save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header)})
 
 
 def _bias_tensors(seg: Segment, i: int) -> dict[str, torch.Tensor]:
@@ -290,14 +300,35 @@ def _integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_signature(path: str | Path, header: dict[str, Any], trust_foreign: bool = False) -> None:
+    """Refuse a file not signed with this user's key over exactly its header (another user's, an edited one, or one
+    older than signatures), unless `trust_foreign`: then only its digest and plausibility vouch for it."""
+    if not isinstance(trust_foreign, bool):
+        raise VkvError(f"trust_foreign: expected True or False, got {type(trust_foreign).__name__}")
+    reason = None if trust_foreign else unsigned_reason(header, SIGNED_SINCE)
+    if reason is not None:
+        raise VkvError(f"{path}: field {reason}; {TRUST_HOW}")
+
+
 def integrity(header: dict[str, Any]) -> str:
-    """What `vkv inspect` says of a file that `verify` accepted: whether a digest vouches for its tensors."""
+    """What `vkv inspect` says of a file that `verify` accepted: whether this user's signature and a digest vouch for
+    it, or what was trusted instead."""
+    reason = unsigned_reason(header, SIGNED_SINCE)
+    if reason is None:
+        return "signed with your key; sha256 digest verified"
     if "digest" in header:
-        return "sha256 digest verified"
+        return f"sha256 digest verified; trusted with --trust-foreign, its {reason}"
     return (
         f"unverified: format version {header.get('format_version')} predates the digest, so only the tensors' "
-        "shapes (and, when loaded with a model, their plausibility) are checked"
+        "shapes (and, when loaded with a model, their plausibility) are checked; trusted with --trust-foreign"
     )
+
+
+def trusted_header(path: str | Path, trust_foreign: bool = False) -> dict[str, Any]:
+    """`read_header`, and `check_signature`: what a command reads before it loads a model for the file."""
+    header = read_header(path)
+    check_signature(path, header, trust_foreign)
+    return header
 
 
 def read_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -307,21 +338,23 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         raise VkvError(f"{path}: tensor data is truncated or corrupt ({exc})") from exc
 
 
-def verify(path: str | Path) -> dict[str, Any]:
-    """The header of a cache file whose header and tensors were checked in full (`vkv inspect`)."""
-    header = read_header(path)
+def verify(path: str | Path, trust_foreign: bool = False) -> dict[str, Any]:
+    """The header of a cache file whose signature, header and tensors were checked in full (`vkv inspect`)."""
+    header = trusted_header(path, trust_foreign)
     tensors = read_tensors(Path(path))
     check_cache(path, header, tensors)
     check_digest(path, header, tensors)
     return header
 
 
-def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache | StoredCache:
+def read_cache(
+    path: str | Path, fingerprint: str | None = None, trust_foreign: bool = False
+) -> SplicedCache | StoredCache:
     """Read a cache file without a model: a `kv` file as a SplicedCache, an embeddings-only one as the StoredCache a
     model rebuilds (`vkv.lm.rebuild.load_cache`). With `fingerprint`, refuse a file built for another model. The file
-    is checked in full first (`vkv.kv.check`)."""
+    is checked in full first: its signature (`check_signature`; `trust_foreign` skips it), then `vkv.kv.check`."""
     p = Path(path)
-    header = read_header(p)
+    header = trusted_header(p, trust_foreign)
     store = header.get("store", "kv")
     if store not in STORES:
         raise VkvError(f"{p}: field store: unknown store {store!r} (this vkv reads {', '.join(STORES)})")
@@ -334,7 +367,7 @@ def read_cache(path: str | Path, fingerprint: str | None = None) -> SplicedCache
     check_cache(p, header, tensors)
     spec = header.get("spec", {})
     expected = (spec.get("num_layers"), spec.get("num_kv_heads"), spec.get("head_dim"))
-    meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store", "digest")}
+    meta = {k: v for k, v in header.items() if k not in ("segments", "next_position", "store", *HEADER_FIELDS)}
     rows = header.get("segments", [])
     counted = header["format_version"] >= COUNTED_SINCE
     if store == "embeddings":

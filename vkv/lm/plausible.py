@@ -15,7 +15,8 @@ virtual tokens' embeddings at 0.50–1.35× the model's token embeddings. `BOUND
 every one of these, so that what it refuses is an edit (×10⁶, ÷10⁶, zero), not a method.
 
 What this cannot see is an edit that keeps magnitudes: values with their signs flipped, entries exchanged between
-heads or slots, masks permuted with their counts kept, or values scaled within the bounds. The README says so.
+heads or slots, masks permuted with their counts kept, or values scaled within the bounds. The signature (vkv.kv.sign)
+refuses such edits unless a file is loaded with `trust_foreign`; for such a file this check is what is left.
 
 The statistics are kept in memory per model fingerprint and never read from disk, so that a file on disk cannot
 widen the bounds a cache is held to.

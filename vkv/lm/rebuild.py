@@ -19,11 +19,11 @@ from vkv.lm.plausible import check_plausible
 from vkv.lm.splice import reencode
 
 
-def load_cache(path: str | Path, lm: FrozenLM | None = None) -> SplicedCache:
-    """Read a cache file; with a model, refuse one built for another model or whose entries (read or rebuilt) that
-    model could not have produced (`vkv.lm.plausible`). An embeddings-only file needs the model: its K/V are rebuilt
-    by forward passes."""
-    cache = read_cache(path, None if lm is None else lm.fingerprint)
+def load_cache(path: str | Path, lm: FrozenLM | None = None, trust_foreign: bool = False) -> SplicedCache:
+    """Read a cache file; refuse one not signed with this user's key unless `trust_foreign` (vkv.kv.sign); with a
+    model, refuse one built for another model or whose entries (read or rebuilt) that model could not have produced
+    (`vkv.lm.plausible`). An embeddings-only file needs the model: its K/V are rebuilt by forward passes."""
+    cache = read_cache(path, None if lm is None else lm.fingerprint, trust_foreign)
     if isinstance(cache, StoredCache):
         if lm is None:
             raise VkvError(
