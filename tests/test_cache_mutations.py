@@ -498,6 +498,21 @@ def test_a_key_file_others_could_use_or_that_is_damaged_is_refused(original, tmp
             act()
 
 
+def test_ask_refuses_json_onto_the_transcript_the_cache_records(built, tmp_path, capsys):
+    """The recorded transcript is what ask reads (and the only text the cache can be checked against)."""
+    copy = tmp_path / "transcript.json"
+    copy.write_bytes(TRANSCRIPT.read_bytes())
+    with safe_open(str(built["kv"]), framework="pt") as f:
+        header = json.loads(f.metadata()["vkv"])
+    header["transcript"]["path"] = str(copy)
+    target = tmp_path / "recorded.safetensors"
+    save_file(load_file(str(built["kv"])), str(target), metadata={"vkv": json.dumps(sign(header))})
+    assert main(["ask", str(target), "--question", "q", "--json", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert "field --json: that is the transcript the cache records" in err and err.count("error:") == 1
+    assert copy.read_bytes() == TRANSCRIPT.read_bytes()
+
+
 @pytest.mark.parametrize(
     "window, message",
     [([5, 2], "transcript.window"), ([0, 10**9], "transcript.window"), ([0, 1e9], "transcript.window")],

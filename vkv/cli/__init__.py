@@ -102,8 +102,9 @@ CACHE_OUTPUTS = {("compress", "out")}  # (command, output) pairs that write a sa
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse, before any work, an output file (the command's `outputs`) that cannot be written, that is one of its
-    inputs (positional files, --transcript, the model's directory) or that would replace a file of another kind
-    without --force. A sweep's results directory is not an input: its files are appended to."""
+    inputs (positional files, --transcript, the model's directory, the transcript a cache file records) or that
+    would replace a file of another kind without --force. A sweep's results directory is not an input: its files
+    are appended to."""
     outputs = {name: getattr(args, name) for name in getattr(args, "outputs", ()) if getattr(args, name, None)}
     for name, target in outputs.items():
         check_writable(target, "--" + name.replace("_", "-"))
@@ -120,11 +121,29 @@ def check_outputs(args: argparse.Namespace) -> None:
         path, local = resolve_model_path(model)
         if local:  # every file in it is read: weights, tokenizer, config
             inputs.setdefault(path, "the model directory")
+    if outputs:
+        inputs.update({k: v for k, v in recorded_transcript(args).items() if k not in inputs})
     for name, target in outputs.items():
         check_not_input(target, "--" + name.replace("_", "-"), inputs)
     for name, target in outputs.items():
         writes = "cache" if (args.command, name) in CACHE_OUTPUTS else "json"
         check_replaceable(target, "--" + name.replace("_", "-"), writes, bool(getattr(args, "force", False)))
+
+
+def recorded_transcript(args: argparse.Namespace) -> dict[str, str]:
+    """The transcript path the command's cache file records (`vkv ask` reads it; it is the text the cache stands
+    for), as an input; nothing when the file cannot be read, which the command then refuses in its own sentence."""
+    cache = getattr(args, "cache", None)
+    if not isinstance(cache, str) or not cache:
+        return {}
+    from vkv.kv.file import read_header  # imports torch: only for a command that runs on a cache file
+
+    try:
+        record = read_header(cache).get("transcript") or {}
+    except (VkvError, OSError):
+        return {}
+    path = record.get("path")
+    return {path: "the transcript the cache records"} if isinstance(path, str) and path else {}
 
 
 def one_sentence(exc: BaseException) -> str | None:
