@@ -264,7 +264,7 @@ def test_plots_tick_the_measured_ratios_label_axes_and_name_their_intervals(swee
     quality = figures["quality_vs_ratio.png"]
     achieved = sorted({r["ratio_achieved"] for r in rows(load(sweep_dir)) if r["method"] not in ("full", "none")})
     ratio_axes = [ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel()]
-    assert ratio_axes and all(ax.get_ylabel() for ax in quality.axes)
+    assert ratio_axes and all(ax.get_ylabel() for ax in quality.axes if ax.axison)  # the blank cell holds the legend
     for ax in ratio_axes:  # a tick at every ratio measured (these are far apart), none elsewhere, each labelled
         assert list(ax.get_xticks()) == pytest.approx(achieved)
         assert [t.get_text() for t in ax.get_xticklabels()] == [f"{x:g}×" for x in achieved]
@@ -310,8 +310,8 @@ def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
     assert "| ≤900 |" in md  # CPU peaks are the process's, marked as a bound
 
 
-def test_every_method_keeps_its_own_colour_and_marker_and_long_labels_get_aliases(tmp_path, figures):
-    from vkv.sweep.plots import aliases, draw_quality, methods, style
+def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_names_the_rest(tmp_path, figures):
+    from vkv.sweep.plots import LEADING, aliases, draw_quality, methods, style
 
     assert len({(style(i)["color"], style(i)["marker"]) for i in range(40)}) == 40
     table = [
@@ -329,18 +329,60 @@ def test_every_method_keeps_its_own_colour_and_marker_and_long_labels_get_aliase
         for i in range(12)
     ]
     names = aliases(methods(table))
-    notes = draw_quality(table, tmp_path / "q.png", names)
+    notes = draw_quality(table, tmp_path / "q.png", names, reference="vkv a_setting_with_a_long_name=11")
     quality = figures["q.png"]
-    drawn_axes = [ax for ax in quality.axes if ax.axison]  # 3 panels in a 2 × 2 grid: one cell blank
+    drawn_axes = [ax for ax in quality.axes if ax.axison]  # 3 panels in a 2 × 2 grid: the blank cell holds the legend
     assert len(drawn_axes) == 3 and quality.get_figwidth() <= 12
-    for ax in drawn_axes:  # 12 curves per panel, no two alike in colour and marker
-        drawn = {(line.get_color(), line.get_marker()) for line in ax.lines if line.get_marker() not in (None, "None")}
-        assert len(drawn) == 12
+    blank = [ax for ax in quality.axes if not ax.axison]
+    assert len(blank) == 1 and blank[0].get_legend() is not None and not quality.legends
+    for ax in drawn_axes:  # the best four and the reference, each in its own colour (and marker)
+        drawn = [(line.get_color(), line.get_marker()) for line in ax.lines if line.get_marker() not in (None, "None")]
+        assert len(drawn) == LEADING + 1 and len({colour for colour, _ in drawn}) == LEADING + 1
     assert "keyword accuracy" not in {ax.get_title() for ax in quality.axes}
     assert any("Not drawn: keyword accuracy" in n for n in notes)
+    told = " ".join(notes)
+    assert "Left out: vkv-5, vkv-6, vkv-7, vkv-8, vkv-9, vkv-10, vkv-11;" in told  # every variant not drawn is named
     assert "vkv-1 (12 windows)" in _texts(quality) and "a_setting" not in _texts(quality)
     assert "- `vkv-1`: vkv a_setting_with_a_long_name=00" in notes
     assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
+
+
+def test_the_memory_axis_puts_each_point_at_its_measured_bytes_and_ticks_both_ends(tmp_path, figures):
+    from vkv.sweep.plots import draw_quality, round_ticks
+
+    assert round_ticks([13.8, 95.0]) == [15, 20, 50, 100]  # 13.8 MiB would otherwise sit far left of the 20 tick
+    table = [
+        {"method": m, "variant": m, "ratio_requested": r, "ratio_achieved": r, "span_memory_kib": kib,
+         "keyword_accuracy": 0.1, "choice_accuracy": 0.5, "mean_retention": ret, "windows": 12}
+        for m, r, kib, ret in [("a", 3.2, 94722.0, 1.0), ("b", 3.2, 93988.0, 0.8), ("a", 16.0, 18940.0, 0.9),
+                               ("b", 16.0, 14131.0, 0.5)]
+    ]  # fmt: skip
+    notes = draw_quality(table, tmp_path / "m.png", {})
+    memory = next(ax for ax in figures["m.png"].axes if "MiB" in ax.get_xlabel())
+    xs = sorted(x for line in memory.lines if line.get_marker() not in (None, "None") for x in line.get_xdata())
+    assert xs == sorted(row["span_memory_kib"] for row in table)  # not nudged: the memory order is the real one
+    ticks = [t / 1024 for t in memory.get_xticks()]
+    low, high = memory.get_xlim()
+    assert all(low <= t * 1024 <= high for t in ticks)  # every tick within the axis
+    assert min(ticks) <= 1.2 * min(xs) / 1024 and max(ticks) >= max(xs) / 1024 / 1.2  # both ends readable
+    ratio = next(ax for ax in figures["m.png"].axes if "achieved ratio" in ax.get_xlabel())
+    at = sorted(x for line in ratio.lines for x in line.get_xdata() if 3 < x < 3.4)
+    assert at[0] < 3.2 < at[-1]  # the ratio axes spread one ratio's points, and say by how much
+    assert any("spread up to ±" in n and "Memory axis: each point at its measured bytes" in n for n in notes + [
+        _texts(figures["m.png"]).replace("\n", " ")
+    ])  # fmt: skip
+
+
+def test_the_yellow_gets_a_dark_marker_edge_and_crowded_figures_fit_the_palette():
+    from vkv.sweep.plots import OKABE_ITO, leading, style
+
+    yellow = next(i for i in range(8) if style(i)["color"] == "#F0E442")
+    assert yellow == len(OKABE_ITO) - 1 and style(yellow)["markeredgecolor"] != "#F0E442"
+    table = [{"method": "m", "variant": f"m v={i:02d}-{r}", "ratio_requested": r, "mean_retention": i / 10}
+             for r in (2.0, 4.0, 8.0) for i in range(6)]  # fmt: skip
+    picked = leading(table)  # 4 best at each of 3 ratios would be 12 variants: fewer, so 8 colours cover them
+    assert len(picked.union()) <= len(OKABE_ITO) and picked.keep < 4
+    assert str(picked.keep) in picked.notes({})[0]  # the rule states the number it drew
 
 
 def _cell(mean, windows=5, questions=10):
@@ -456,3 +498,82 @@ def test_quality_points_are_nudged_sideways_and_laid_out_two_panels_a_row(sweep_
     ax = next(ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel())
     at_two = sorted(x for line in ax.lines for x in line.get_xdata() if 1.8 < x < 2.2)
     assert len(at_two) == 3 and len(set(at_two)) == 3 and at_two[0] < 2.0 < at_two[-1]  # 3 methods run at 2×
+
+
+def test_distance_panels_name_variants_not_run_there_and_do_not_draw_trends_through_thin_buckets(tmp_path, figures):
+    from vkv.sweep.breakdowns import Cell
+    from vkv.sweep.plots import draw_distance
+
+    columns = ["0–127", "128–511", "512–2047"]
+    table, cells = [], {}
+    for i in range(6):  # six variants at 8×, the first four also at 16×
+        for ratio in (8.0, 16.0)[: 1 + (i < 4)]:
+            variant = f"m v={i}"
+            table.append({"method": "m", "variant": variant, "ratio_requested": ratio, "mean_retention": 1 - i / 10,
+                          "windows": 5})  # fmt: skip
+            cells[(variant, ratio)] = {c: _cell(0.9 - i / 10) for c in columns}
+            cells[(variant, ratio)]["128–511"] = _cell(0.3, windows=1, questions=2)  # one window: thin
+    cells[("m v=5", 8.0)]["0–127"] = Cell(0.2, 10, -0.6, 0.9, 5)  # left out at 8× (ranked last): no room for it
+    notes = draw_distance(columns, cells, table, tmp_path / "d.png", {})
+    told = " ".join(notes)
+    assert "Not run at a ratio, so not drawn there: m v=4, m v=5 at 16×." in told
+    assert "at 8×: m v=4, m v=5" in told  # left out there for lower retention
+    panel = next(ax for ax in figures["d.png"].axes if ax.axison)
+    assert panel.get_ylim()[0] == pytest.approx(min(0.0, 0.9 - 3 / 10 - 0.05, 0.3 - 0.05) - 0.05)  # the drawn bars
+    segments = [line for line in panel.lines if len(line.get_xdata()) == 2 and line.get_color() != "grey"]
+    assert segments
+    for line in segments:  # a segment into or out of the thin bucket (x near 1) is dotted, the others solid
+        into_thin = any(abs(x - 1) < 0.5 for x in line.get_xdata())
+        assert (line.get_linestyle() == ":") == into_thin
+    assert "Hollow markers, joined by dotted lines" in _texts(figures["d.png"])
+
+
+def test_loss_panels_share_one_y_axis_count_windows_and_say_when_curves_coincide(tmp_path, figures):
+    from vkv.sweep.plot_losses import draw_losses
+
+    lines = []
+    for i, window in enumerate(("a@turns1-3", "b@turns1-3")):
+        for ratio, trace in ((3.2, [3, 2, 1]), (8.0, [3, 2, 1]), (16.0, [9, 8, 7])):  # 3.2× and 8× the same
+            x = line(f"c{i}{ratio}", "vkv", ratio, [True], pooling="uniform", trace=trace)
+            x["result"]["transcript"] = window
+            lines.append(x)
+        x = line(f"s{i}", "vkv", 8.0, [True], pooling="surprisal", trace=[0.5, 0.3, 0.2])  # its own, lower scale
+        x["result"]["transcript"], x["variant"] = window, "vkv pooling=surprisal"
+        lines.append(x)
+    for x in lines[:3] + lines[4:7]:
+        x["variant"] = "vkv pooling=uniform"
+    notes = draw_losses(lines, tmp_path / "l.png", {})
+    fig = figures["l.png"]
+    panels = [ax for ax in fig.axes if ax.axison]
+    assert len(panels) == 2 and panels[0].get_ylim() == panels[1].get_ylim()  # one scale, so panels compare
+    assert panels[0].get_shared_y_axes().joined(*panels)
+    title = fig.get_suptitle().replace("\n", " ")
+    assert "over 2 windows" in title and "one y axis for every panel" in title
+    assert "3.2× and 8×: curves coincide" in _texts(fig)
+    assert any("vkv pooling=uniform: the 3.2× and 8× curves coincide" in n for n in notes)
+    assert not any("16×" in n and "coincide" in n for n in notes)
+
+
+def test_the_question_heatmap_counts_weak_questions_and_names_variants_not_run(tmp_path, figures):
+    from vkv.sweep.plot_questions import draw_heatmap
+
+    lines, table = [], []
+    for variant, ratio, retention in (("a", 2.0, 1.0), ("b", 2.0, 0.5), ("a", 4.0, 0.6), ("c", 4.0, 0.1)):
+        x = line(f"{variant}{ratio}", "m", ratio, [True] * 4)
+        x["variant"] = variant
+        for j, q in enumerate(x["result"]["questions"]):
+            q["retention"] = retention * (j + 1) / 4
+        x["result"]["questions"][3].update(weak=True, retention=None)  # full context ≈ no context there
+        lines.append(x)
+        table.append({"method": "m", "variant": variant, "ratio_requested": ratio, "mean_retention": retention})
+    notes = draw_heatmap(lines, table, tmp_path / "h.png", {})
+    fig = figures["h.png"]
+    title = fig.get_suptitle().replace("\n", " ")
+    assert "the 3 of 4 questions" in title and "1 weak, with no retention, not drawn" in title  # 3 + 1 = 4 asked
+    told = " ".join(notes)
+    assert "Not drawn: 1 weak question " in told
+    assert "Not run at a ratio, so not drawn there: c at 2×; b at 4×." in told
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    extent = fig._suptitle.get_window_extent(FigureCanvasAgg(fig).get_renderer())
+    assert extent.x0 >= 0 and extent.x1 <= fig.bbox.width  # wrapped within the figure: it widens nothing

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from vkv.sweep.plots import _finish, _grid, alias_key, ratio_text, style
+from vkv.sweep.plots import _finish, _grid, alias_key, named_list, ratio_text, style, wrap_notes
 
 
 def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
     """Per panel, per requested ratio, the median loss over windows with the interquartile range shaded (one colour
-    and marker per ratio); a log y axis only where the losses span more than a decade. The notes name the variants
-    without a loss curve (no optimiser), the panels drawn once for several variants, and the missing ratios."""
+    and marker per ratio); one y axis shared by every panel, log only where the losses span more than a decade.
+    The title counts the windows; the notes name the variants without a loss curve (no optimiser), the panels drawn
+    once for several variants, the missing ratios and the curves that coincide."""
     from matplotlib.lines import Line2D  # optional dependency (vkv[plots])
 
     traced, untraced = defaultdict(list), set()
@@ -34,24 +35,88 @@ def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[st
     ratios = sorted({line["result"]["ratio_requested"] for g in traced.values() for line in g})
     styles = {r: style(i) for i, r in enumerate(ratios)}
     ran = {(line["variant"], line["result"]["ratio_requested"]) for line in lines}
-    fig, axes = _grid(len(panels), height=3.8)
+    fig, axes = _grid(len(panels), height=3.8, sharey=True)
     gaps: dict[float, list[tuple]] = defaultdict(list)  # ratio: the panels without a curve there
+    together: list[tuple[tuple, list[float]]] = []  # (panel, ratios whose curves coincide)
+    every = []
     for ax, variants in zip(axes, panels):
         group = traced[variants[0]]
-        _loss_panel(ax, group, ratios, styles)
-        title = " = ".join(names.get(v, v) for v in variants)
-        missing = [r for r in ratios if not any(x["result"]["ratio_requested"] == r for x in group)]
+        bands = _loss_panel(ax, group, ratios, styles)
+        every += [v for low, _, high in bands.values() for v in (*low, *high)]
+        missing = [r for r in ratios if r not in bands]
         for r in missing:
             gaps[r].append(variants)
-        if missing:
-            ax.text(0.98, 0.96, f"no curve at {', '.join(ratio_text(r) + '×' for r in missing)}",
-                    transform=ax.transAxes, ha="right", va="top", fontsize=8, color="dimgrey")  # fmt: skip
-        ax.set_title(title, fontsize=9)
-    fig.suptitle("optimiser loss per step: median over windows, band: interquartile range", fontsize=10)
-    notes = _loss_notes(panels, gaps, ran, untraced - set(traced), names)
+        same = coinciding(bands)
+        if same:
+            together.append((variants, same))
+        _panel_marks(ax, missing, same)
+        ax.set_title(" = ".join(names.get(v, v) for v in variants), fontsize=9)
+    _loss_scale(axes, every)
+    shared = "; one y axis for every panel" if len(panels) > 1 else ""
+    title = f"optimiser loss per step: median and interquartile range (band) over {_runs(traced)}{shared}"
+    fig.suptitle(wrap_notes([title], fig.get_figwidth(), size=10), fontsize=10)  # within the figure's width
+    notes = _loss_notes(panels, gaps, ran, untraced - set(traced), names) + _coincide_notes(together, names)
     handles = {f"{ratio_text(r)}×": Line2D([], [], **styles[r]) for r in ratios}  # in ratio order
     _finish(fig, path, notes, handles, title="requested ratio")
     return ["", *notes] + alias_key(names, set(traced) | untraced)
+
+
+def _runs(traced: dict[str, list[dict]]) -> str:
+    """How many windows each curve's median is over: "5 windows", "3–5 windows", or runs where seeds repeat one."""
+    counts = defaultdict(set)
+    runs = defaultdict(int)
+    for variant, group in traced.items():
+        for x in group:
+            key = (variant, x["result"]["ratio_requested"])
+            counts[key].add(x["result"]["transcript"])
+            runs[key] += 1
+    windows = sorted({len(c) for c in counts.values()})
+    text = f"{windows[0]}" if len(windows) == 1 else f"{windows[0]}–{windows[-1]}"
+    text += " window" + ("s" if windows[-1] != 1 else "")
+    if any(runs[k] != len(counts[k]) for k in counts):
+        text += " (the runs of every seed)"
+    return text
+
+
+def _panel_marks(ax, missing: list[float], same: list[float]) -> None:
+    """On the panel, top right: the ratios without a curve there and the ratios whose curves coincide."""
+    marks = []
+    if missing:
+        marks.append(f"no curve at {', '.join(ratio_text(r) + '×' for r in missing)}")
+    if same:
+        marks.append(f"{' and '.join(ratio_text(r) + '×' for r in same)}: curves coincide")
+    if marks:
+        ax.text(0.98, 0.96, "\n".join(marks), transform=ax.transAxes, ha="right", va="top", fontsize=8,
+                color="dimgrey")  # fmt: skip
+
+
+def coinciding(bands: dict[float, tuple]) -> list[float]:
+    """The ratios whose median curve lies, at every step both have, within the other's interquartile band, for
+    some other ratio of the panel: curves a reader cannot tell apart, one drawn over the other."""
+    same = set()
+    for a in bands:
+        for b in bands:
+            if a < b and _within(bands[a], bands[b]) and _within(bands[b], bands[a]):
+                same |= {a, b}
+    return sorted(same)
+
+
+def _within(one: tuple, other: tuple) -> bool:
+    steps = min(len(one[1]), len(other[1]))
+    median, (low, high) = one[1][:steps], (other[0][:steps], other[2][:steps])
+    return bool(np.all((median >= low - 1e-9) & (median <= high + 1e-9)))
+
+
+def _coincide_notes(together: list[tuple[tuple, list[float]]], names: dict[str, str]) -> list[str]:
+    notes = []
+    for variants, same in together:
+        title = " = ".join(names.get(v, v) for v in variants)
+        which = " and ".join(f"{ratio_text(r)}×" for r in same)
+        notes.append(
+            f"{title}: the {which} curves coincide (each median within the other's interquartile band at every "
+            "step), one drawn over the other; their markers alternate steps."
+        )
+    return notes
 
 
 def same_losses(traced: dict[str, list[dict]]) -> list[tuple[str, ...]]:
@@ -95,35 +160,43 @@ def _loss_notes(panels, gaps: dict, ran: set, untraced: set, names: dict[str, st
         why = "some ran there without a loss trace" if untraced_there else "not run at that ratio"
         notes.append(f"No {ratio_text(ratio)}× curve for {titles}: {why}.")
     if untraced:
-        none = ", ".join(sorted(names.get(v, v) for v in untraced))
+        none = ", ".join(named_list(untraced, names))
         notes.append(f"Only optimising methods are drawn; no loss curve (no optimiser): {none}.")
     return notes
 
 
-def _loss_panel(ax, group: list[dict], ratios: list[float], styles: dict) -> None:
-    import matplotlib.ticker as ticker  # optional dependency (vkv[plots])
-
-    every = []
+def _loss_panel(ax, group: list[dict], ratios: list[float], styles: dict) -> dict[float, tuple]:
+    """Draw one panel's median curves and bands, markers staggered across ratios so curves drawn over each other
+    still show theirs; returns {ratio: (25th percentile, median, 75th percentile) per step}."""
+    bands = {}
     for ratio in ratios:
         traces = [x["result"]["loss_trace"] for x in group if x["result"]["ratio_requested"] == ratio]
-        if not traces:
-            continue
-        padded = np.full((len(traces), max(map(len, traces))), np.nan)  # runs may stop at different steps
-        for row, trace in zip(padded, traces):
-            row[: len(trace)] = trace
-        low, median, high = np.nanpercentile(padded, (25, 50, 75), axis=0)
+        if traces:
+            padded = np.full((len(traces), max(map(len, traces))), np.nan)  # runs may stop at different steps
+            for row, trace in zip(padded, traces):
+                row[: len(trace)] = trace
+            bands[ratio] = tuple(np.nanpercentile(padded, (25, 50, 75), axis=0))
+    for rank, (ratio, (low, median, high)) in enumerate(bands.items()):
         steps = np.arange(len(median))
+        every = max(1, len(steps) // 10) * len(bands)
         ax.fill_between(steps, low, high, color=styles[ratio]["color"], alpha=0.2, linewidth=0)
-        ax.plot(steps, median, markevery=max(1, len(steps) // 10), **styles[ratio])
-        every += [*low, *high]
+        ax.plot(steps, median, markevery=(rank * every // len(bands), every), **styles[ratio])
     optim = group[0]["identity"]["config"].get("optim") or {}
-    scale = ""
-    if max(every) > 10 * min(every) > 0:
-        ax.set_yscale("log")
-        ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # 0.3, not 3×10⁻¹
-        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-        scale = "; log scale"
-    ax.set_ylabel(f"{optim.get('loss', 'the recipe')} loss against the targets\n(mean over layers{scale})")
+    ax.set_ylabel(f"{optim.get('loss', 'the recipe')} loss against the targets\n(mean over layers)")
     ax.set_xlabel("optimisation step")
+    ax.tick_params(axis="y", labelleft=True)  # sharey hides them on inner panels
     ax.grid(alpha=0.3, which="both")
+    return bands
+
+
+def _loss_scale(axes, every: list[float]) -> None:
+    """The shared y axis: log, labelled so, where the losses of every panel span more than a decade."""
+    import matplotlib.ticker as ticker  # optional dependency (vkv[plots])
+
+    if max(every) > 10 * min(every) > 0:
+        axes[0].set_yscale("log")  # shared: every panel
+        axes[0].yaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+        axes[0].yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # 0.3, not 3×10⁻¹
+        axes[0].yaxis.set_minor_formatter(ticker.NullFormatter())
+        for ax in axes:
+            ax.set_ylabel(ax.get_ylabel().replace("(mean over layers)", "(mean over layers; log scale)"))

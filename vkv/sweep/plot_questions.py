@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vkv.sweep.plots import _finish, alias_key, leading, ratio_text
+from vkv.sweep.plots import _finish, alias_key, leading, ratio_text, wrap_notes
 
 BINS = (0.25, 0.5, 0.75, 0.9)  # retention bin edges: 0.9 and up reads as kept, under 0.25 as lost
 BIN_LABELS = ("< 0.25", "0.25–0.5", "0.5–0.75", "0.75–0.9", "≥ 0.9")
@@ -37,19 +37,33 @@ def question_retention(lines: list[dict]) -> dict[tuple[str, float], dict[str, f
     return {key: {q: sum(v) / len(v) for q, v in row.items()} for key, row in values.items()}
 
 
+def asked(lines: list[dict], columns: list[tuple[str, float]]) -> set[str]:
+    """Every "window / question" the runs of these columns were asked, weak ones included (the table's count)."""
+    keys = set(columns)
+    return {
+        f"{line['result']['transcript']} / {q['id']}"
+        for line in lines
+        if (line["variant"], line["result"]["ratio_requested"]) in keys
+        for q in line["result"]["questions"]
+    }
+
+
 def draw_heatmap(
     lines: list[dict], table_rows: list[dict], path: Path, names: dict[str, str], reference: str | None = None
 ) -> list[str] | None:
     """Per question (rows) and picked variant × ratio (columns), the binned retention; rows ordered by their mean
-    retention over the columns, the facts that degrade first at the bottom; white cells: not run there."""
+    retention over the columns, the facts that degrade first at the bottom; white cells: not run there. The title's
+    counts add up to every question asked: those drawn, those left out to fit, the weak ones (no retention)."""
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
 
     values = question_retention(lines)
-    picked = leading([r for r in table_rows if (r["variant"], r["ratio_requested"]) in values], reference)
+    rows = [r for r in table_rows if (r["variant"], r["ratio_requested"]) in values]
+    picked = leading(rows, reference, ran=table_rows)
     columns = [(v, r) for r, drawn in picked.drawn.items() for v in drawn]
     questions = sorted({q for key in columns for q in values[key]})
     if not columns or not questions:
         return None
+    weak = len(asked(lines, columns) - set(questions))
     data = np.array([[values[key].get(q, np.nan) for key in columns] for q in questions])
     binned = np.where(np.isnan(data), np.nan, np.digitize(data, BINS))
     spread = np.nanmax(binned, axis=1) - np.nanmin(binned, axis=1)
@@ -59,14 +73,14 @@ def draw_heatmap(
     handles = _cells(ax, binned[keep], columns, names)
     ax.set_yticks(np.arange(len(keep)) + 0.5, [_question(questions, i) for i in keep], fontsize=7)
     ax.set_ylabel("question (window / id)")
-    ax.set_title(
-        f"retention per question, binned: the {len(keep)} questions (of {len(questions)} with a retention) where "
-        "these columns differ most;\nrows by mean retention over the columns, the first facts to degrade at the "
-        "bottom",
-        fontsize=9,
-        pad=22,  # room for the ratio over each group of columns
-    )
-    notes = _heatmap_notes(len(questions) - len(keep), picked, names)
+    extra = [f"{len(questions) - len(keep)} left out to fit"] if len(keep) < len(questions) else []
+    extra += [f"{weak} weak, with no retention, not drawn"] if weak else []
+    count = f"the {len(keep)} of {len(questions) + weak} questions where these columns differ most"
+    count += f" ({'; '.join(extra)})" if extra else ""
+    title = (f"retention per question, binned: {count}. Rows by mean retention over the columns, the first facts "
+             "to degrade at the bottom")  # fmt: skip
+    fig.suptitle(wrap_notes([title], width, size=9), fontsize=9)  # over the figure, so it widens nothing
+    notes = _heatmap_notes(len(questions) - len(keep), weak, picked, names)
     _finish(fig, path, notes, handles, title="retention (1 = full context; 0 = no context)", ncol=len(handles))
     return ["", *notes] + alias_key(names, picked.named())
 
@@ -109,7 +123,7 @@ def _question(questions: list[str], i: int) -> str:
     return f"{transcript} / {question}" if len(others) == 1 else questions[i]
 
 
-def _heatmap_notes(dropped: int, picked, names: dict[str, str]) -> list[str]:
+def _heatmap_notes(dropped: int, weak: int, picked, names: dict[str, str]) -> list[str]:
     notes = [
         "No error bars: a cell is one run (the mean over seeds where several ran). Full context (retention 1) and "
         "no context (0) are retention's ends by definition and are not drawn.",
@@ -119,5 +133,10 @@ def _heatmap_notes(dropped: int, picked, names: dict[str, str]) -> list[str]:
         notes.append(
             f"Left out to fit the page: {dropped} questions where these columns agree most (the smallest spread "
             "of bins across the columns)."
+        )
+    if weak:
+        notes.append(
+            f"Not drawn: {weak} weak question{'s' if weak != 1 else ''} (the full context hardly beats no context, "
+            "so there is no retention to bin); the results table counts them as weak."
         )
     return notes

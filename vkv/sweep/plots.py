@@ -1,9 +1,10 @@
 """`vkv report`'s PNGs, drawn for a reviewer: ticks at the values measured, every axis labelled (log axes say so),
-error bars named on the figure (95 % window-bootstrap intervals), every method drawn or named as missing,
-colour-blind-safe colours (Okabe and Ito's palette, each method with its own colour and marker pair), short aliases
-for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not 10.667×), legends and notes
-under the panels, a two-colour scale only for yes/no data, and a stated rule wherever a crowded figure leaves
-something out.
+error bars named on the figure (95 % window-bootstrap intervals), every method drawn or named as missing (left
+out for a stated rule, or not run at a panel's ratio), colour-blind-safe colours (Okabe and Ito's palette; a crowded
+figure draws few enough variants, `leading`, that each has its own colour and marker), no sideways nudge on a
+measured axis, short aliases for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not
+10.667×), legends in a blank grid cell or under the panels, notes under them, a two-colour scale only for yes/no
+data, and a caveat under 10 windows.
 
 This module holds what the figures share (styles, ticks, layout, which variants a crowded panel draws) and the
 quality and distance figures; the loss curves and the question heatmap have their own modules
@@ -15,6 +16,7 @@ Needs matplotlib (pip install 'vkv[plots]'); `vkv.sweep.report.plots` checks tha
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -22,7 +24,10 @@ from pathlib import Path
 
 REFERENCES = ("full", "none")
 FEW_WINDOWS = 10  # intervals resting on fewer windows than this carry a caveat
-OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+# Okabe and Ito's colour-blind-safe palette, yellow last: it is the faintest on white, so it comes only with the
+# eighth variant, and its markers get a dark edge (YELLOW_EDGE)
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#000000", "#F0E442")
+YELLOW_EDGE = "#6B6300"  # a dark olive of the same hue: the yellow marker reads on white
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
 INTERVALS = "error bars: 95 % window-bootstrap intervals"
@@ -50,65 +55,107 @@ class Selection:
     drawn: dict[float, list[str]] = field(default_factory=dict)  # best mean retention first, the reference last
     left_out: dict[float, list[str]] = field(default_factory=dict)  # run there, lower mean retention than the drawn
     alone: dict[float, str] = field(default_factory=dict)  # ratios only one variant ran: nothing to compare there
+    absent: dict[float, list[str]] = field(default_factory=dict)  # variants not run at a drawn ratio
     reference: str | None = None
+    keep: int = LEADING  # the best `keep` at each ratio are drawn
+
+    def union(self) -> list[str]:
+        """Every variant drawn at some ratio, sorted."""
+        return sorted({v for group in self.drawn.values() for v in group})
 
     def named(self) -> set[str]:
         """Every variant the figure draws or its notes name (so report.md keys all their aliases)."""
-        return {v for group in (*self.drawn.values(), *self.left_out.values()) for v in group} | {*self.alone.values()}
+        groups = (*self.drawn.values(), *self.left_out.values(), *self.absent.values())
+        return {v for group in groups for v in group} | {*self.alone.values()}
+
+    def rule(self, names: dict[str, str]) -> str:
+        """The rule in words: "the 4 variants with the highest mean retention … and the reference X wherever it ran"."""
+        reference = names.get(self.reference, self.reference)
+        also = f", and the reference {reference} wherever it ran" if self.reference else ""
+        return f"the {self.keep} variants with the highest mean retention there (the results table){also}"
 
     def notes(self, names: dict[str, str]) -> list[str]:
-        """The rule and what it left out, in words, for the figure and report.md."""
+        """The rule and what it left out, in words, for the figure and report.md: the variants ranked lower at each
+        ratio, those not run at a ratio drawn, and the ratios only one variant ran."""
         out = []
         if any(self.left_out.values()):
-            reference = names.get(self.reference, self.reference)
-            also = f", and the reference {reference} wherever it ran" if self.reference else ""
-            cut = "; ".join(
-                f"at {ratio_text(r)}×: {', '.join(sorted(names.get(v, v) for v in vs))}"
-                for r, vs in self.left_out.items()
-                if vs
-            )
             out.append(
-                f"Drawn at each ratio: the {LEADING} variants with the highest mean retention there (the results "
-                f"table){also}. Left out for lower mean retention ({cut}); report.md's tables hold every variant."
+                f"Drawn at each ratio: {self.rule(names)}. Left out for lower mean retention "
+                f"({_per_ratio(self.left_out, names)}); report.md's tables hold every variant."
             )
+        if any(self.absent.values()):
+            gone = "; ".join(
+                f"{', '.join(named_list(vs, names))} at {ratio_text(r)}×" for r, vs in self.absent.items() if vs
+            )
+            out.append(f"Not run at a ratio, so not drawn there: {gone}.")
         if self.alone:
             which = " and ".join(f"{ratio_text(r)}×" for r in self.alone)
-            who = ", ".join(sorted({names.get(v, v) for v in self.alone.values()}))
+            who = ", ".join(named_list(set(self.alone.values()), names))
             out.append(
                 f"Not drawn: {which}, where only {who} ran (nothing to compare it with; see report.md's tables)."
             )
         return out
 
 
-def leading(table_rows: list[dict], reference: str | None = None, keep: int = LEADING) -> Selection:
+def named_list(variants, names: dict[str, str]) -> list[str]:
+    """The variants by alias in natural order (vkv-2 before vkv-10)."""
+    return sorted(
+        (names.get(v, v) for v in variants), key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t)]
+    )
+
+
+def _per_ratio(groups: dict[float, list[str]], names: dict[str, str]) -> str:
+    """ "at 3.2×: a, b; at 8×: c": the variants of each ratio by alias, sorted."""
+    return "; ".join(f"at {ratio_text(r)}×: {', '.join(named_list(vs, names))}" for r, vs in groups.items() if vs)
+
+
+def leading(
+    table_rows: list[dict], reference: str | None = None, keep: int | None = None, ran: list[dict] | None = None
+) -> Selection:
     """Per requested ratio, the `keep` variants with the highest mean retention (the reference, `vkv report --vs`,
-    is drawn too where it ran); a ratio that only one variant ran is left out when other ratios compare several."""
+    is drawn too where it ran); a ratio that only one variant ran is left out when other ratios compare several.
+    Without `keep`, the largest up to LEADING whose variants, over every ratio, fit the palette's distinct colours.
+    `ran` (default `table_rows`): every row of the results table, to name the variants not run at a drawn ratio."""
     by_ratio: dict[float, list[dict]] = defaultdict(list)
     for row in table_rows:
         if row["method"] not in REFERENCES and row["ratio_requested"]:
             by_ratio[row["ratio_requested"]].append(row)
-    picked = Selection(reference=reference)
     compared = any(len(group) > 1 for group in by_ratio.values())
-    for ratio in sorted(by_ratio):
-        ranked = [r["variant"] for r in sorted(by_ratio[ratio], key=lambda r: -(r.get("mean_retention") or -math.inf))]
-        if compared and len(ranked) == 1:
-            picked.alone[ratio] = ranked[0]
-            continue
-        drawn = ranked[:keep] + [v for v in ranked[keep:] if v == reference]
-        picked.drawn[ratio] = drawn
-        picked.left_out[ratio] = [v for v in ranked if v not in drawn]
+    for size in [keep] if keep else range(LEADING, 0, -1):
+        picked = Selection(reference=reference, keep=size)
+        for ratio in sorted(by_ratio):
+            ranked = [r["variant"] for r in sorted(by_ratio[ratio], key=lambda r: -_retention(r))]
+            if compared and len(ranked) == 1:
+                picked.alone[ratio] = ranked[0]
+                continue
+            picked.drawn[ratio] = ranked[:size] + [v for v in ranked[size:] if v == reference]
+            picked.left_out[ratio] = [v for v in ranked if v not in picked.drawn[ratio]]
+        if len(picked.union()) <= len(OKABE_ITO):
+            break
+    every = [r for r in (table_rows if ran is None else ran) if r["method"] not in REFERENCES]
+    for ratio in picked.drawn:
+        there = {r["variant"] for r in every if r["ratio_requested"] == ratio}
+        picked.absent[ratio] = sorted({r["variant"] for r in every} - there)
     return picked
+
+
+def _retention(row: dict) -> float:
+    value = row.get("mean_retention")
+    return -math.inf if value is None else value
 
 
 def style(index: int) -> dict:
     """Colour, marker and line style of the index-th method. The marker moves one extra step each time the 8
     colours wrap around, so no (colour, marker) pair repeats among the first 64 methods; the line style changes with
-    each wrap as a third cue."""
+    each wrap as a third cue. The figures draw at most 8 variants (`leading`), so those drawn differ in colour."""
     lap = index // len(OKABE_ITO)
+    colour = OKABE_ITO[index % len(OKABE_ITO)]
+    edge = {"markeredgecolor": YELLOW_EDGE} if colour == "#F0E442" else {}
     return {
-        "color": OKABE_ITO[index % len(OKABE_ITO)],
+        "color": colour,
         "marker": MARKERS[(index + lap) % len(MARKERS)],
         "linestyle": LINESTYLES[lap % len(LINESTYLES)],
+        **edge,
     }
 
 
@@ -117,7 +164,7 @@ def methods(table_rows: list[dict], reference: str | None = None) -> list[str]:
     a crowded panel draws (`leading`), so that they take the first colours and stay apart by colour, then the rest;
     each group sorted."""
     every = {r["variant"] for r in table_rows if r["method"] not in REFERENCES}
-    first = {v for drawn in leading(table_rows, reference).drawn.values() for v in drawn}
+    first = set(leading(table_rows, reference).union())
     return sorted(first & every) + sorted(every - first)
 
 
@@ -163,18 +210,31 @@ def nudge(index: int, count: int, step: float) -> float:
     return (index - (count - 1) / 2) * step
 
 
+NICE = (1, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8)  # × a power of ten: the values an end of the range may be ticked at
+END = 1.2  # a tick within this factor of the smallest and the largest value, so the outermost points can be read
+
+
 def round_ticks(values: list[float]) -> list[float]:
-    """A few round ticks within `values`' range (give or take 10 %, the points' nudge): 1, 2, 5 × a power of ten, then 1, 2, 3, 5 ×, then every 1–9 ×,
-    the first that gives at least 3 (or the last, or the smallest value rounded, when the range is narrow)."""
+    """A few round ticks within `values`' range (give or take 10 %): 1, 2, 5 × a power of ten, then 1, 2, 3, 5 ×,
+    then every 1–9 ×, the first that gives at least 3 (or the last when the range is narrow); then, where no tick
+    lies within a factor END of the smallest or the largest value, the NICE value nearest it (13.8 → 15)."""
     if not values:
         return []
     lo, hi = min(values), max(values)
     decades = range(math.floor(math.log10(lo / 1.1)), math.floor(math.log10(hi * 1.1)) + 1)  # as the 10 % margin
+
+    def within(subs) -> list[float]:
+        return [float(f"{m * 10.0**k:.12g}") for k in decades for m in subs if lo / 1.1 <= m * 10.0**k <= hi * 1.1]
+
     for subs in ((1, 2, 5), (1, 2, 3, 5), range(1, 10)):
-        ticks = [m * 10.0**k for k in decades for m in subs if lo / 1.1 <= m * 10.0**k <= hi * 1.1]
+        ticks = within(subs)
         if len(ticks) >= 3:
             break
-    return ticks or [float(f"{lo:.2g}")]
+    nice = within(NICE)
+    for end in (lo, hi):
+        if nice and not any(abs(math.log(t / end)) <= math.log(END) for t in ticks):
+            ticks.append(min(nice, key=lambda t: abs(math.log(t / end))))
+    return sorted(set(ticks)) or [float(f"{lo:.2g}")]
 
 
 def _grid(count: int, width: float = 6.0, height: float = 4.6, **shared):
@@ -202,21 +262,29 @@ def few_windows_note(windows: list[int]) -> list[str]:
     return []
 
 
-def wrap_notes(notes: list[str], width_inch: float) -> str:
-    """The notes, each wrapped at whole words within the figure's width (about 13 characters an inch at NOTE_SIZE):
-    matplotlib's own wrapping runs lines to the canvas edge, where the saved image's tight box can cut them."""
-    chars = max(40, int(width_inch * 72 / (0.6 * NOTE_SIZE)))
+def wrap_notes(notes: list[str], width_inch: float, size: float = NOTE_SIZE) -> str:
+    """The notes, each wrapped at whole words within the figure's width (about 13 characters an inch at NOTE_SIZE
+    points): matplotlib's own wrapping runs lines to the canvas edge, where the saved image's tight box can cut
+    them, or widens the image past the figure."""
+    chars = max(40, int(width_inch * 72 / (0.6 * size)))
     return "\n".join(textwrap.fill(n, chars, break_long_words=False, break_on_hyphens=False) for n in notes)
 
 
 def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, title: str | None = None, ncol=3) -> None:
-    """Lay the panels out, put the legend and then the notes under them (outside the panels, so neither covers an
-    axis label), and save with a tight box so nothing is cut off."""
+    """Lay the panels out, put the legend in the grid's blank cell where there is one (larger type, no panel
+    covered), else under the panels, then the notes under everything, and save with a tight box so nothing is cut
+    off."""
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
 
     fig.tight_layout()
     below = 0.0  # figure fraction where the notes start
-    if handles:
+    blank = [ax for ax in fig.axes if not ax.axison and not ax.get_legend()]
+    if handles and blank:
+        blank[0].legend(
+            handles.values(), handles.keys(), loc="center", ncol=1 if len(handles) <= 12 else 2, fontsize=10,
+            frameon=False, title=title, title_fontsize=10,
+        )  # fmt: skip
+    elif handles:
         legend = fig.legend(
             handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=ncol,
             fontsize=8, frameon=False, title=title, title_fontsize=8,
@@ -238,54 +306,98 @@ QUALITY_PANELS = (  # (y metric, its interval, x metric, title, y label)
 
 def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], reference=None) -> list[str] | None:
     """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
-    in memory, one colour and marker per method variant (nudged sideways on the log x axis so points and intervals
-    at one x stay apart), intervals as error bars, at most 2 panels a row; a panel whose values hardly vary across
-    methods is left out and named in report.md. `reference` (`vkv report --vs`) only orders the styles, as in the
-    figures that draw a few variants."""
-    variants = methods(table_rows, reference)
-    curves = {v: [r for r in table_rows if r["variant"] == v and r["ratio_achieved"]] for v in variants}
+    in memory, for the variants `leading` draws at some ratio (the distance figure's rule; each in its own colour and
+    marker, the rest named), intervals as error bars, at most 2 panels a row. On the ratio axes, where every method
+    sits at the same measured ratio, points are spread a little sideways so bars stay apart; on the memory axis each
+    point sits at its measured bytes. A panel whose values hardly vary across methods is left out and named."""
+    picked = leading(table_rows, reference)
+    variants = methods(table_rows, reference)  # the index into every figure's styles
+    drawn = [v for v in variants if v in picked.union()]
+    curves = {v: [r for r in table_rows if r["variant"] == v and r["ratio_achieved"]] for v in drawn}
     if not any(curves.values()):
         return None
-    panels, dropped = [], []
-    for panel in QUALITY_PANELS:
-        values = [p[panel[0]] for pts in curves.values() for p in pts if p[panel[0]] is not None]
-        if values and max(values) - min(values) > FLAT:
-            panels.append(panel)
-        elif panel[3] not in dropped:
-            spread = f"between {min(values):.3f} and {max(values):.3f}" if values else "not recorded"
-            dropped.append(f"{panel[3]} (every method {spread})")
+    panels, dropped = _quality_panels(curves)
     if not panels:
         return None
     fig, axes = _grid(len(panels))
     handles = {}
-    step = min(0.025, 0.25 / len(variants))  # log-x units: the spread of a ratio's points stays under ±0.13
-    for ax, (key, interval, x_key, title, y_label) in zip(axes, panels):
-        for index, variant in enumerate(variants):
-            pts = sorted((p for p in curves[variant] if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
-            if not pts:
-                continue
-            errors = None
-            if interval and all(p.get(interval) for p in pts):
-                errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
-            label = window_label(names.get(variant, variant), min(p.get("windows", 0) for p in pts))
-            xs = [p[x_key] * math.exp(nudge(index, len(variants), step)) for p in pts]
-            handles[label] = ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **style(index))
+    step = min(0.025, 0.25 / len(drawn))  # log-x units: the spread of a ratio's points stays under ±0.13
+    for ax, panel in zip(axes, panels):
+        for rank, variant in enumerate(drawn):
+            offset = nudge(rank, len(drawn), step) if panel[2] == "ratio_achieved" else 0.0  # none on bytes
+            handles.update(_quality_curve(ax, curves[variant], panel, offset, style(variants.index(variant)), names))
         for ref, line in zip(REFERENCES, ("--", ":")):
-            values = [r[key] for r in table_rows if r["method"] == ref and r[key] is not None]
+            values = [r[panel[0]] for r in table_rows if r["method"] == ref and r[panel[0]] is not None]
             if values:
                 name = "full context" if ref == "full" else "no context"
                 handles[name] = ax.axhline(values[0], color="grey", linestyle=line, label=name)
-        _quality_axes(ax, [p[x_key] for pts in curves.values() for p in pts if p.get(x_key)], x_key)
-        ax.set_title(title)
-        ax.set_ylabel(y_label)
-        ends = [v for pts in curves.values() for p in pts for v in (p[key], *(p.get(interval) or ())) if v is not None]
+        _quality_axes(ax, [p[panel[2]] for pts in curves.values() for p in pts if p.get(panel[2])], panel[2])
+        ax.set_title(panel[3])
+        ax.set_ylabel(panel[4])
+        ends = [v for pts in curves.values() for p in pts for v in (p[panel[0]], *(p.get(panel[1]) or ()))
+                if v is not None]  # fmt: skip
         ax.set_ylim(min([0.0, *ends]) - 0.05, max([1.0, *ends]) + 0.05)  # error bars included
         ax.grid(alpha=0.3)
-    which = "choice accuracy and retention; keyword accuracy has none" if panels[0][1] is None else "every panel"
-    flat = f"Not drawn: {'; '.join(dropped)}; a spread under {FLAT} cannot tell the methods apart."
-    notes = [f"{INTERVALS} ({which}).", *([flat] if dropped else [])]
+    rest = [v for v in variants if v not in drawn]
+    notes, md = _quality_notes(panels, dropped, picked, rest, math.exp((len(drawn) - 1) / 2 * step) - 1, names)
     _finish(fig, path, notes + few_windows_note([r.get("windows", 0) for pts in curves.values() for r in pts]), handles)
-    return (["", flat] if dropped else []) + alias_key(names, variants)
+    return md + alias_key(names, variants)
+
+
+X_NAMES = {"ratio_achieved": "its achieved ratio", "span_memory_kib": "its bytes in memory"}
+
+
+def _quality_panels(curves: dict[str, list[dict]]) -> tuple[list[tuple], list[str]]:
+    """The QUALITY_PANELS whose values vary across the drawn methods by more than FLAT, and the others in words."""
+    panels, dropped = [], []
+    for panel in QUALITY_PANELS:
+        values = [p[panel[0]] for pts in curves.values() for p in pts if p[panel[0]] is not None and p.get(panel[2])]
+        if not any(p.get(panel[2]) for pts in curves.values() for p in pts):
+            dropped.append(f"{panel[3]} (no run recorded {X_NAMES[panel[2]]})")
+        elif values and max(values) - min(values) > FLAT:
+            panels.append(panel)
+        elif panel[3] not in dropped:
+            spread = f"between {min(values):.3f} and {max(values):.3f}" if values else "not recorded"
+            dropped.append(f"{panel[3]} (every method {spread})")
+    return panels, dropped
+
+
+def _quality_curve(ax, points: list[dict], panel: tuple, offset: float, kind: dict, names: dict[str, str]) -> dict:
+    """One variant's points in one quality panel, `offset` log units sideways; returns {legend label: handle}."""
+    key, interval, x_key = panel[:3]
+    pts = sorted((p for p in points if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
+    if not pts:
+        return {}
+    errors = None
+    if interval and all(p.get(interval) for p in pts):
+        errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
+    variant = pts[0]["variant"]
+    label = window_label(names.get(variant, variant), min(p.get("windows", 0) for p in pts))
+    xs = [p[x_key] * math.exp(offset) for p in pts]
+    return {label: ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **kind)}
+
+
+def _quality_notes(panels, dropped, picked: Selection, rest: list[str], spread: float, names) -> tuple[list, list]:
+    """The figure's notes and report.md's lines under it: intervals, the sideways spread, the drawing rule with the
+    variants it left out, the flat panels."""
+    which = "choice accuracy and retention; keyword accuracy has none" if panels[0][1] is None else "every panel"
+    notes = [f"{INTERVALS} ({which})."]
+    if len(picked.union()) > 1 and any(p[2] == "ratio_achieved" for p in panels):
+        bytes_axis = any(p[2] == "span_memory_kib" for p in panels)
+        notes.append(
+            f"Ratio axes: the points at one ratio are spread up to ±{spread:.1%} sideways so their bars stay apart; "
+            "the tick is the measured ratio." + (" Memory axis: each point at its measured bytes." * bytes_axis)
+        )
+    told = []
+    if rest:
+        told.append(
+            f"Drawn: every variant that is, at some requested ratio, among {picked.rule(names)} (the distance "
+            f"figure's rule), so each has its own colour. Left out: "
+            f"{', '.join(named_list(rest, names))}; report.md's tables hold every variant."
+        )
+    if dropped:
+        told.append(f"Not drawn: {'; '.join(dropped)}; a spread under {FLAT} cannot tell the methods apart.")
+    return notes + told, ([""] + told if told else [])
 
 
 def _quality_axes(ax, xs: list[float], x_key: str) -> None:
@@ -294,7 +406,9 @@ def _quality_axes(ax, xs: list[float], x_key: str) -> None:
         set_log_ticks(ax.xaxis, measured_ticks(xs), lambda x: f"{x:g}×")
         ax.set_xlabel("achieved ratio (span tokens per entry; log scale)")
     else:  # bytes differ by method at one ratio: round MiB (KiB recorded) rather than some methods' values
-        set_log_ticks(ax.xaxis, [t * 1024 for t in round_ticks([x / 1024 for x in xs])], lambda x: f"{x / 1024:g}")
+        ticks = [t * 1024 for t in round_ticks([x / 1024 for x in xs])]
+        set_log_ticks(ax.xaxis, ticks, lambda x: f"{x / 1024:g}")
+        ax.set_xlim(min(xs + ticks) / 1.08, max(xs + ticks) * 1.08)  # every tick shown, the points inside
         ax.set_xlabel("span MiB in memory per window (decoding cache; log scale)")
     if len(ax.get_xticks()) > 6:
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
@@ -304,11 +418,14 @@ def draw_distance(
     columns: list[str], cells: dict, table_rows: list[dict], path: Path, names: dict[str, str], reference=None
 ) -> list[str] | None:
     """Retention by distance bucket: one panel per requested ratio, in it the variants `leading` picks (the best
-    few by mean retention there, and the reference), nudged sideways so error bars at one bucket do not overlap;
-    full context (1) and no context (0) as grey lines; hollow markers where a bucket holds fewer than 2 windows or
-    questions (no interval to speak of); one legend for every panel. The notes state the rule and name what each
-    panel leaves out, and why."""
-    picked = leading([r for r in table_rows if (r["variant"], r["ratio_requested"]) in cells], reference)
+    few by mean retention there, and the reference), nudged sideways within a bucket's slot (the x axis is buckets,
+    not a measure) so error bars at one bucket do not overlap; full context (1) and no context (0) as grey lines;
+    hollow markers, joined by dotted lines, where a bucket holds fewer than 2 windows or questions (no interval to
+    speak of, and no trend to draw through); one legend for every panel. The notes state the rule and name what
+    each panel leaves out, and why (lower retention, or not run at that ratio)."""
+    picked = leading(
+        [r for r in table_rows if (r["variant"], r["ratio_requested"]) in cells], reference, ran=table_rows
+    )
     if len(columns) < 2 or not picked.drawn:
         return None
     variants = methods(table_rows, reference)  # the index into every figure's styles
@@ -325,15 +442,11 @@ def draw_distance(
             thin = thin or hollow
         for value, line in ((1.0, "--"), (0.0, ":")):
             handles["full context" if value else "no context"] = ax.axhline(value, color="grey", linestyle=line)
-        counts = {c: {cells[(v, ratio)][c].questions for v in drawn if c in cells[(v, ratio)]} for c in columns}
-        ax.set_xticks(range(len(columns)), [f"{c}\nn={_span(counts[c])}" for c in columns], fontsize=8)
-        ax.tick_params(axis="y", labelleft=True)  # sharey hides them on inner panels
-        ax.set_xlabel("tokens from a question's latest evidence to the span's end (n: questions)")
-        ax.set_ylabel("retention (1 = full context)")
-        ax.set_title(f"requested ratio {ratio_text(ratio)}×")
-        ax.grid(alpha=0.3)
-    bounds = [v for key, row in cells.items() if key[1] in picked.drawn for c in row.values() for v in (c.low, c.high)]
-    axes[0].set_ylim(min([0.0, *bounds]) - 0.05, max([1.0, *bounds]) + 0.05)  # shared by every panel
+        _distance_axes(ax, columns, [cells[(v, ratio)] for v in drawn], ratio)
+    bounds = [
+        v for r, drawn in picked.drawn.items() for x in drawn for c in cells[(x, r)].values() for v in (c.low, c.high)
+    ]
+    axes[0].set_ylim(min([0.0, *bounds]) - 0.05, max([1.0, *bounds]) + 0.05)  # the drawn bars; shared by every panel
     told = picked.notes(names)
     unrecorded = [(r["variant"], r["ratio_requested"]) for r in table_rows
                   if r["method"] not in REFERENCES and (r["variant"], r["ratio_requested"]) not in cells]  # fmt: skip
@@ -341,7 +454,7 @@ def draw_distance(
         which = ", ".join(column_label(names.get(v, v), ratio) for v, ratio in unrecorded)
         told.append(f"No distances recorded, not drawn: {which}.")
     lines = [f"{INTERVALS}.", *told]
-    lines += ["Hollow markers: buckets with fewer than 2 windows or questions (no real interval)."] if thin else []
+    lines += [f"Hollow markers, joined by dotted lines: {THIN}."] if thin else []
     lines += few_windows_note([windows[(v, r)] for r, drawn in picked.drawn.items() for v in drawn])
     fewest = {v: min(w for (variant, _), w in windows.items() if variant == v) for v in handles if v in variants}
     legend = {window_label(names.get(v, v), fewest[v]): handles[v] for v in variants if v in fewest}
@@ -350,17 +463,40 @@ def draw_distance(
     return ([""] + told if told else []) + alias_key(names, picked.named() | {v for v, _ in unrecorded})
 
 
+THIN = "buckets with fewer than 2 windows or questions (no real interval, so no trend drawn through them)"
+
+
+def _distance_axes(ax, columns: list[str], rows: list[dict], ratio: float) -> None:
+    counts = {c: {row[c].questions for row in rows if c in row} for c in columns}
+    ax.set_xticks(range(len(columns)), [f"{c}\nn={_span(counts[c])}" for c in columns], fontsize=8)
+    ax.tick_params(axis="y", labelleft=True)  # sharey hides them on inner panels
+    ax.set_xlabel("tokens from a question's latest evidence to the span's end (n: questions)")
+    ax.set_ylabel("retention (1 = full context)")
+    ax.set_title(f"requested ratio {ratio_text(ratio)}×")
+    ax.grid(alpha=0.3)
+
+
 def _distance_line(ax, columns: list[str], row: dict, kind: dict, offset: float):
-    """One variant's retention per bucket with its intervals, hollow where a bucket rests on fewer than 2 windows or
-    questions; returns the drawn line and whether any marker is hollow."""
+    """One variant's retention per bucket with its intervals: solid lines between buckets of at least 2 windows and
+    questions, dotted ones into and out of a thinner bucket, whose marker is hollow; returns the legend's handle
+    and whether any bucket is thin."""
+    from matplotlib.lines import Line2D  # optional dependency (vkv[plots])
+
     points = [(i + offset, row[c]) for i, c in enumerate(columns) if c in row]
     errors = [[c.mean - c.low for _, c in points], [c.high - c.mean for _, c in points]]
-    drawn = ax.errorbar([x for x, _ in points], [c.mean for _, c in points], yerr=errors, capsize=3, **kind)
-    few = [(x, c.mean) for x, c in points if min(c.windows, c.questions) < 2]
-    if few:
-        ax.plot(*zip(*few), linestyle="none", marker=kind["marker"], color=kind["color"], markerfacecolor="white",
-                zorder=3)  # above errorbar's own (filled) markers  # fmt: skip
-    return drawn, bool(few)
+    ax.errorbar(
+        [x for x, _ in points], [c.mean for _, c in points], yerr=errors, capsize=3, **{**kind, "linestyle": "none"}
+    )
+    few = [min(c.windows, c.questions) < 2 for _, c in points]
+    for (x0, a), (x1, b), thin in zip(points, points[1:], [p or q for p, q in zip(few, few[1:])]):
+        line = ":" if thin else kind["linestyle"]
+        faint = {"linewidth": 1.0, "alpha": 0.6} if thin else {}  # a thin bucket's mean is no trend to follow
+        ax.plot([x0, x1], [a.mean, b.mean], color=kind["color"], linestyle=line, zorder=1.5, **faint)  # under markers
+    hollow = [(x, c.mean) for (x, c), f in zip(points, few) if f]
+    if hollow:
+        ax.plot(*zip(*hollow), linestyle="none", marker=kind["marker"], color=kind["color"], markerfacecolor="white",
+                markeredgecolor=kind.get("markeredgecolor", kind["color"]), zorder=3)  # above errorbar's markers  # fmt: skip
+    return Line2D([], [], **kind), bool(hollow)
 
 
 def _span(values: set) -> str:

@@ -150,27 +150,35 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
 
 
 CAPTIONS = {
-    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nOne colour and marker per method variant "
-    "(long labels by alias, keyed under the figure), each nudged sideways on the log x axis so points and bars at one "
-    "ratio stay apart; ratio ticks at the ratios measured, memory ticks at round MiB. Dashed: full context; dotted: "
-    "no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend gives each "
-    "variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left out.",
+    PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nThe variants that are, at some requested "
+    "ratio, among the 4 with the highest mean retention (and the `--vs` reference): the distance figure's rule, fewer "
+    "where the palette's 8 colours would not cover them, so every drawn variant has its own colour and marker (long "
+    "labels by alias, keyed under the figure); the notes name every variant left out. On the ratio axes, ticked at "
+    "the ratios measured, a ratio's points are spread a little sideways so their bars stay apart (the notes give by "
+    "how much); on the memory axis, ticked at round MiB, each point sits at its measured bytes. Dashed: full "
+    "context; dotted: no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend "
+    "gives each variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left "
+    "out.",
     PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio that several variants ran "
     "at, drawing the 4 variants with the highest mean retention there (and the `--vs` reference), nudged "
-    "sideways so bars do not overlap; the notes name every variant left out and why. Dashed: full context; dotted: no "
-    "context. Tick labels give each bucket's questions (n); hollow markers: buckets with fewer than 2 windows or "
-    "questions. Bars: 95% window-bootstrap intervals. The table above holds every variant.",
+    "sideways within each bucket so bars do not overlap; the notes name every variant left out, for lower retention "
+    "or because it was not run at that ratio. Dashed: full context; dotted: no context. Tick labels give each "
+    "bucket's questions (n); hollow markers, joined by dotted lines: buckets with fewer than 2 windows or questions, "
+    "too thin for an interval or a trend. Bars: 95% window-bootstrap intervals; the y axis spans the drawn bars. The "
+    "table above holds every variant.",
     PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
-    "virtual tokens against their targets, mean over layers), per requested ratio the median over windows with the "
-    "interquartile range shaded; a log axis only where the losses span more than a decade. Variants with the same "
-    "loss at every step share a panel; a ratio without a curve is named on its panel. Only optimising methods have a "
-    "curve: the figure names the others.",
+    "virtual tokens against their targets, mean over layers), per requested ratio the median over windows (counted "
+    "in the title) with the interquartile range shaded, on one y axis shared by every panel; a log axis only where "
+    "the losses span more than a decade. Variants with the same loss at every step share a panel; a ratio without a "
+    "curve, and curves that coincide (each median within the other's interquartile band), are named on the panel. "
+    "Only optimising methods have a curve: the figure names the others.",
     PLOTS["heatmap"]: "## Which facts degrade first\n\nEach question's retention per method variant and requested "
     "ratio, binned (< 0.25, 0.25–0.5, 0.5–0.75, 0.75–0.9, ≥ 0.9) on a five-step cividis scale; white: not run. "
-    "Columns: per ratio, the variants the distance figure's rule picks, grouped by ratio; full and no context are retention's ends (1, "
-    "0) and are not drawn. Rows: the questions where the columns differ most, as many as fit, ordered by mean "
-    "retention, the first facts to degrade at the bottom; weak questions (no retention) and the rest are counted "
-    "below.",
+    "Columns: per ratio, the variants the distance figure's rule picks, grouped by ratio; the notes name the variants "
+    "left out and those not run at a ratio; full and no context are retention's ends (1, 0) and are not drawn. Rows: "
+    "the questions where the columns differ most, as many as fit, ordered by mean retention, the first facts to "
+    "degrade at the bottom; the title's counts add up to every question asked: those drawn, those left out to fit "
+    "and the weak ones (no retention).",
 }
 
 
