@@ -8,7 +8,8 @@ import torch
 from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
-from vkv.compress.optimise import OptimConfig, layer_losses, optimise
+from vkv.compress.kv_loss import layer_losses
+from vkv.compress.optimise import OptimConfig, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
 from vkv.compress.sequential import MultiTurnConfig
@@ -140,7 +141,7 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
                 "turns:3-4",
                 "--target",
                 "v+attention",
-                "--sequential",
+                "--per-turn",
                 "--out",
                 str(tmp_path / "s.safetensors"),
             ]

@@ -87,7 +87,7 @@ def test_compress_refuses_what_a_method_does_not_have(mini_transcript_path_modul
     argv = ["compress", str(mini_transcript_path_module), "--model", "smollm2-135m", "--span", "turns:3-4"]
     for flags in (
         ["--method", "kvzip", "--steps", "5"],
-        ["--method", "kvzip", "--sequential"],
+        ["--method", "meanpool", "--per-turn"],
         ["--method", "snapkv", "--store", "embeddings"],
         ["--method", "knorm", "--bias", "nnls"],
         ["--method", "longcodezip"],

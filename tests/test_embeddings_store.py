@@ -75,7 +75,7 @@ def test_sequential_segments_rebuild_on_the_biased_cache_before_them(smol, cache
     from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 
     plan = MultiTurnConfig(CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=1)), target_source="online")
-    spliced = compress_transcript_turns(smol, caches.window, (2, 5), 4.0, plan, sequential=True)
+    spliced = compress_transcript_turns(smol, caches.window, (2, 5), 4.0, plan, per_turn=True)
     assert [s.kind for s in spliced.segments].count("virtual") == 3
     path = tmp_path / "sequential.safetensors"
     save_cache(spliced, path, store="embeddings", ids=caches.ids)

@@ -474,9 +474,9 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
     assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
     assert HybridRecipe().validate().verbatim_share == 0.0  # the turn-level hybrid keeps its own verbatim tokens
     assert MultiTurnConfig(keep_verbatim=True).validate().compress.verbatim_share == 0.0
-    with pytest.raises(VkvError, match="field verbatim_share: hybrid compression keeps its own verbatim tokens"):
+    with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
         MultiTurnConfig(CompressConfig(verbatim_share=0.5), keep_verbatim=True).validate()  # before any work
-    with pytest.raises(VkvError, match="field verbatim_share: hybrid compression keeps its own verbatim tokens"):
+    with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
         hybrid_segment(None, [], None, None, None, 1, CompressConfig(verbatim_share=0.5), HybridConfig())
     with pytest.raises(VkvError, match="field proportional_attention: expected bool or None, got 'yes'"):
         CompressConfig(proportional_attention="yes").validate()

@@ -161,7 +161,7 @@ def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tm
     flags = ["--target-source", "online", "--keep-verbatim", "--verbatim-keep-by", "surprisal", "--steps", "2"]
     plan = recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", *flags]))
     assert plan.keep_verbatim and plan.verbatim.keep_by == "surprisal" and plan.target_source == "online"
-    spliced = compress_transcript_turns(tiny_llama, transcript, (1, 5), 3.2, plan, sequential=True)
+    spliced = compress_transcript_turns(tiny_llama, transcript, (1, 5), 3.2, plan, per_turn=True)
     rendered = render(transcript, tiny_llama.tokenizer)
     assert [tuple(s.span) for s in spliced.segments] == [(s.start, s.end) for s in rendered.spans]
     assert spliced.next_position == len(rendered.ids)

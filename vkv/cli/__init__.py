@@ -23,6 +23,7 @@ from vkv.cli.cached import cached_parser
 from vkv.cli.consoles import errors
 from vkv.errors import VkvError
 from vkv.io import check_not_input, check_replaceable, check_writable
+from vkv.upgrade import old_flag
 
 COMMAND_MODULES = (
     "models",
@@ -60,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    renamed = old_flag(sys.argv[1:] if argv is None else argv)  # before argparse, which would only call it unknown
+    if renamed:
+        errors.print(f"[bold red]error:[/] {escape(renamed)}", highlight=False, soft_wrap=True)
+        return 2
     try:
         args = cached_parser(build_parser).parse_args(argv)
     except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned

@@ -13,6 +13,7 @@ from vkv.cli.method_flags import (
     add_recipe_args,
     build_method,
     given_options,
+    method_class,
     recipe_flags,
     recipe_from_args,
 )
@@ -44,7 +45,6 @@ class CompressCommand:
     )
     ratio: float = setting(DEFAULT_RATIO, "span tokens per entry (above 1)", minimum=1, above=True)
     span: str | None = setting(None, "turns:A-B (inclusive message indices); default: all after the system message")
-    sequential: bool = setting(False, "compress each message of the span on its own, in order")
     window: int | None = setting(None, "compress one turn window of at most this many tokens", minimum=1)
     window_index: int = setting(
         0, "which of the windows that carry questions, in transcript order (0: the first)", minimum=0
@@ -61,15 +61,16 @@ class CompressCommand:
 
 def kv_methods() -> tuple[str, ...]:
     """The registered methods that compress the KV cache (text methods prune the messages instead)."""
+    from vkv.cli.method_flags import PER_TURN_VKV
     from vkv.methods import METHODS
     from vkv.methods.base import TextMethod
 
-    return tuple(name for name, cls in METHODS.items() if not issubclass(cls, TextMethod))
+    return tuple(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod) and n != PER_TURN_VKV)
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
     command, plan = from_args(CompressCommand, args), recipe_from_args(args)
-    given = given_options(args, [METHODS[command.method]])
+    given = given_options(args, [method_class(command.method, args)])
     if command.method != "vkv":
         return _compress_registered(command, args, plan, given)
     config = plan.compress
@@ -87,8 +88,9 @@ def cmd_compress(args: argparse.Namespace) -> int:
     if not plan.auto_ratio:
         span_budget(end - start, command.ratio)
     lm = load_model_from(command.model)
-    if command.sequential or plan.keep_verbatim or plan.auto_ratio:
-        return _compress_multiturn(command, lm, transcript, turns, plan)
+    per_turn = bool(getattr(args, "per_turn", None))
+    if per_turn or plan.keep_verbatim or plan.auto_ratio:
+        return _compress_multiturn(command, lm, transcript, turns, plan, per_turn)
     with step_bar(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps) as on_step:
         spliced = compress_transcript(lm, transcript, turns, command.ratio, config, on_step=on_step)
     save_with_store(spliced, command, lm, transcript)
@@ -131,10 +133,8 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
         raise VkvError(
             f"--{recipe_given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{name}' has none"
         )
-    for flag, on in (("--sequential", command.sequential), ("--store embeddings", command.store != "kv")):
-        if on:
-            per_turn = " (its per-turn mode: --per-turn)" if "per_turn" in cls.option_names() else ""
-            raise VkvError(f"{flag} is for vkv's virtual tokens, not method '{name}'{per_turn}")
+    if command.store != "kv":
+        raise VkvError(f"--store embeddings is for vkv's virtual tokens, not method '{name}'")
     method = build_method(cls, plan, args, given)
     transcript = load_transcript(args.transcript)
     if command.window:
@@ -161,10 +161,10 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
     return 0
 
 
-def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan) -> int:
+def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan, per_turn: bool) -> int:
 
     with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
-        spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, command.sequential)
+        spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, per_turn)
     save_with_store(spliced, command, lm, transcript)
     rows = report_rows(read_header(command.out))
     console.print(report_table(rows))
@@ -190,7 +190,7 @@ def check_store(store: str, plan: MultiTurnConfig) -> None:
         return
     if plan.keep_verbatim:
         raise VkvError(
-            "--store embeddings cannot hold --keep-verbatim (hybrid) segments, whose kept tokens' K/V saw the whole turn"
+            "--store embeddings cannot hold --keep-verbatim (per-turn verbatim) segments, whose kept tokens' K/V saw the whole turn"
         )
     if plan.compress.verbatim_share:
         raise VkvError(

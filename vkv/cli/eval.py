@@ -9,14 +9,20 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from vkv.cli.common import ModelConfig, console, load_model_from, trust_foreign_setting, write_json
-from vkv.cli.method_flags import add_method_args, add_recipe_args, build_method, given_options, recipe_from_args
+from vkv.cli.method_flags import (
+    add_method_args,
+    add_recipe_args,
+    build_method,
+    given_options,
+    method_class,
+    recipe_from_args,
+)
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
 from vkv.kv.file import trusted_header
 from vkv.lm.rebuild import load_cache
-from vkv.methods import METHODS
 from vkv.progress import counted, status, step_bar
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
@@ -76,10 +82,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         twice = sorted({v for v in values if values.count(v) > 1})
         if twice:
             raise VkvError(f"{flag}: {', '.join(map(str, twice))} listed twice; each run would be scored twice")
-    for name in methods:
-        if name not in METHODS:
-            raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
-    options = given_options(args, [METHODS[name] for name in methods])
+    classes = [method_class(name, args) for name in methods]
+    options = given_options(args, classes)
     ratios = command.ratio
     recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
@@ -89,7 +93,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         trusted_header(command.cache, command.trust_foreign)
     lm = load_model_from(command.model)
     units = list(eval_units(lm, args.transcripts, command.span, command.window, command.max_windows, command.span_only))
-    classes = [METHODS[name] for name in methods]
     per_unit = bool(command.cache) + sum(len(ratios) if cls.uses_ratio else 1 for cls in classes)
     results = []
     with counted(f"eval: {len(units)} unit(s) × {per_unit} run(s)", len(units) * per_unit) as done:
@@ -105,7 +108,7 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
     """One unit's results: the cache's (when given), then each method at each ratio; `done()` after each run."""
     start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
     names, ratios = command.method, command.ratio
-    for ratio in ratios if any(METHODS[name].uses_ratio for name in names) else []:
+    for ratio in ratios if any(method_class(name, args).uses_ratio for name in names) else []:
         span_budget(end - start, ratio)  # before the references' prefill
     with status(f"{transcript.id}: full and none references"):
         evaluation = TranscriptEval(lm, transcript, turns, settings, command.allow_leaks)
@@ -114,7 +117,7 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
         results.append(evaluation.evaluate_cache(load_cache(command.cache, lm, command.trust_foreign)))
         done()
     for name in names:
-        method = build_method(METHODS[name], recipe, args, options)
+        method = build_method(method_class(name, args), recipe, args, options)
         for ratio in ratios if method.uses_ratio else [None]:
             label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
             if method.reports_steps:

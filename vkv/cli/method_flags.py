@@ -36,6 +36,7 @@ def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
     return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
 
 
+PER_TURN_VKV = "sequential"  # the registry's name of vkv per turn (--method vkv --per-turn)
 TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
 
 
@@ -72,6 +73,8 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
     for option in method_options().values():
         s = option.setting
         owners = {o: _default(METHODS[o], option.field) for o in option.owners}
+        if option.field == "per_turn":  # vkv's per-turn mode is a method of its own (method_class)
+            owners = {"vkv": False, **owners}
         if s.key in recipe:
             owners["vkv's recipe"] = _default(MultiTurnConfig, s.key)
         if len({repr(d) for d in owners.values()}) > 1:  # say whose default is which
@@ -94,16 +97,13 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
     names = [c.name for c in classes]
     recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
     if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
-        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
+        lacking = [c.name for c in classes if c.uses_ratio and not _per_turn(c)]
         if lacking:
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
-            raise VkvError(
-                f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn}; vkv's "
-                "is the method sequential)"
-            )
+            per_turn = ", ".join(["vkv", *(n for n, c in METHODS.items() if "per_turn" in c.option_names())])
+            raise VkvError(f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn})")
     given = {}
     for key, option in method_options().items():
-        if getattr(args, key, None) is None:
+        if getattr(args, key, None) is None or (key == "per_turn" and all(map(_per_turn, classes))):
             continue
         if not set(option.owners) & set(names) and key not in recipe_keys:
             raise VkvError(
@@ -111,6 +111,21 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
             )
         given[key] = option
     return given
+
+
+def method_class(name: str, args: argparse.Namespace) -> type:
+    """The class `--method name` runs: vkv with --per-turn is vkv's turn-by-turn method, which the registry, sweeps
+    and stored run ids know as `sequential` (so that those runs keep their ids)."""
+    if name not in METHODS or name == PER_TURN_VKV:
+        names = ", ".join(n for n in METHODS if n != PER_TURN_VKV)
+        raise VkvError(f"--method: unknown method '{name}'; choose from {names}")
+    if name == "vkv" and getattr(args, "per_turn", None):
+        return METHODS[PER_TURN_VKV]
+    return METHODS[name]
+
+
+def _per_turn(cls) -> bool:
+    return "per_turn" in cls.option_names() or cls.name == PER_TURN_VKV
 
 
 def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: dict[str, MethodOption]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
+from vkv import upgrade
 from vkv.compress.distill import DistillConfig
 from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.optimise import OptimConfig
@@ -70,7 +71,8 @@ class CompressConfig(Config):
     )
     verbatim_share: float | None = setting(
         None,
-        "with share_scores reconstruction: share of each KV head's budget kept as the span's own entries, those "
+        "per-head verbatim, with share_scores reconstruction: share of each KV head's budget kept as the span's own "
+        "entries, those "
         "KVzip's reconstruction importance ranks best for the head; the rest go to virtual tokens ranked by the "
         "best token of their block the head did not keep (0: all virtual; default: "
         f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
@@ -164,21 +166,4 @@ class CompressConfig(Config):
 
     @staticmethod
     def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-        return upgraded(d)
-
-
-def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-    """A recipe as sessions saved by earlier versions record it, in today's spelling and with the meaning it had then,
-    so that they still load: the ratio lived in the recipe before each command took its own, `head_share` (all,
-    uniform, adaptive) became the `head_budget` every method shares (shared, uniform, adaptive), and a recipe saved
-    before a setting existed ran without it (share_scores readout, no verbatim share, no logit offset; every saved
-    recipe records proportional_attention)."""
-    d = {k: v for k, v in (d or {}).items() if k != "ratio"}
-    if d:
-        d.setdefault("share_scores", "readout")
-        d.setdefault("verbatim_share", 0.0)
-        d.setdefault("virtual_offset", 0.0)
-    if "head_share" in d:
-        share = d.pop("head_share")
-        d.setdefault("head_budget", "shared" if share == "all" else share)
-    return d
+        return upgrade.recipe(d)

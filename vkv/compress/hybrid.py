@@ -1,4 +1,6 @@
-"""Hybrid compression: keep a span's most distinctive tokens verbatim, compress the rest into virtual tokens.
+"""Per-turn verbatim (the `hybrid` method, `--keep-verbatim` per turn): keep a turn's most distinctive tokens verbatim,
+every head the same tokens, and compress the rest into virtual tokens (per-head verbatim, where each KV head keeps its
+own entries, is `verbatim_share`: compress/head_hybrid.py).
 
 Failures at high ratios are specific tokens (`bcryptjs` → `bcrypt`) whose signal is diluted by pooling.
 A fraction of the span (default 15%) is therefore kept as real K/V entries at their original positions
@@ -83,8 +85,8 @@ def without_head_verbatim(compress: CompressConfig) -> CompressConfig:
     keeps a per-head verbatim share too."""
     if compress.verbatim_share:
         raise VkvError(
-            "field verbatim_share: hybrid compression keeps its own verbatim tokens for every head (--verbatim-*); "
-            "set verbatim_share to 0, or use it without hybrid compression"
+            "field verbatim_share: per-turn verbatim keeps its own verbatim tokens for every head (--verbatim-*); "
+            "set verbatim_share (per-head verbatim) to 0, or use it without per-turn verbatim"
         )
     return compress
 

@@ -1,4 +1,4 @@
-"""Sequential multi-turn compression: each turn becomes its own segment, appended to a running cache.
+"""Per-turn compression of vkv's virtual tokens: each turn becomes its own segment, appended to a running cache.
 
 Turn by turn, in order, the virtual tokens of a turn are optimised and their K/V computed on top of the
 running compressed cache (the entries that will precede them when the cache is used), so each virtual entry
@@ -8,7 +8,7 @@ was computed with exactly the entries before it in view. What they are matched t
 - `online`: the turn's V computed by feeding its real tokens on top of the running compressed cache (all a
   live agent has: it never needs the uncompressed history).
 
-Entries a turn keeps verbatim (hybrid tokens; a turn no auto-ratio rung could compress) carry the K/V of
+Entries a turn keeps verbatim (its per-turn verbatim share; a turn no auto-ratio rung could compress) carry the K/V of
 the same view the targets come from. Each turn's segment records its loss and, when the full history is
 known, its target drift: how far the turn's V on top of the compressed history is from its V on top of the
 full one (variance-normalised MSE, averaged over layers). Loss that grows turn after turn is error
@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
+from vkv import upgrade
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate, span_budget
-from vkv.compress.config import CompressConfig, upgraded
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
 from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
@@ -54,7 +55,7 @@ class MultiTurnConfig(Config):
         "oracle", "oracle: V from the full uncompressed history; online: V on top of the compressed cache", TARGET_MODES
     )
     keep_verbatim: bool = setting(
-        False, "hybrid compression: keep a share of each turn's tokens verbatim (--verbatim-*), compress the rest"
+        False, "per-turn verbatim: keep a share of each turn's tokens verbatim (--verbatim-*), compress the rest"
     )
     verbatim: HybridConfig = nested(HybridConfig, prefix="verbatim_")
     auto_ratio: bool = setting(
@@ -76,32 +77,16 @@ class MultiTurnConfig(Config):
     def check_turn_by_turn(self) -> MultiTurnConfig:
         """Refuse a recipe that turn-by-turn compression cannot run (the single-span path takes it)."""
         if self.compress.pooling == "attention":
-            raise VkvError("attention pooling needs a question, so sequential compression cannot use it")
+            raise VkvError("attention pooling needs a question, so per-turn compression cannot use it")
         if target_kind(self.compress.target).needs_queries:  # online targets would need the turn's queries
             raise VkvError(
-                f"target {self.compress.target} is not implemented for sequential compression; use v or kv-pre-rope"
+                f"target {self.compress.target} is not implemented for per-turn compression; use v or kv-pre-rope"
             )
         return self
 
     @staticmethod
     def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-        return upgraded_multiturn(d)
-
-
-def upgraded_multiturn(d: dict[str, Any]) -> dict[str, Any]:
-    """A multi-turn config as sessions saved by earlier versions record it, in today's spelling: `targets` is
-    `target_source`, a hybrid or auto-ratio config (or None) is a switch beside its settings."""
-    d = dict(d or {})
-    if "targets" in d:
-        d.setdefault("target_source", d.pop("targets"))
-    for old, switch, settings in (("hybrid", "keep_verbatim", "verbatim"), ("auto_ratio", "auto_ratio", "tolerance")):
-        if old in d and not isinstance(d[old], bool):
-            value = d.pop(old)
-            d[switch] = value is not None
-            if value is not None:
-                d.setdefault(settings, value)
-    d["compress"] = upgraded(d.get("compress", {}))
-    return d
+        return upgrade.multiturn(d)
 
 
 @dataclass(frozen=True)
@@ -344,17 +329,17 @@ def compress_transcript_turns(
     turns: tuple[int, int],
     ratio: float,
     plan: MultiTurnConfig,
-    sequential: bool,
+    per_turn: bool,
     on_turn: Callable[[Turn, Segment], None] | None = None,
 ) -> SplicedCache:
-    """Messages [turns[0], turns[1]) compressed at `ratio` (one segment per message with `sequential`, else one
+    """Messages [turns[0], turns[1]) compressed at `ratio` (one segment per message with `per_turn`, else one
     unit); messages before kept with their full-context K/V, messages after re-encoded on top; one segment each."""
     plan.validate()
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
     starts, roles = [s.start for s in rendered.spans], [s.role for s in rendered.spans]
     messages = message_turns(starts, roles, 0, len(rendered.ids))
-    span = messages[turns[0] : turns[1]] if sequential else [Turn(turns[0], turns[1], None, start, end)]
+    span = messages[turns[0] : turns[1]] if per_turn else [Turn(turns[0], turns[1], None, start, end)]
     budget = None if plan.auto_ratio else span_budget(end - start, ratio)
     history = FullHistory.capture(lm, rendered.ids, start, end)
     spliced = SplicedCache()
@@ -367,6 +352,6 @@ def compress_transcript_turns(
         transcript=transcript_record(transcript, turns, len(rendered.ids)),
         config=plan.compress.to_dict(),
         ratio=None if plan.auto_ratio else ratio,
-        multiturn={**plan.to_dict(), "sequential": sequential},
+        multiturn={**plan.to_dict(), "per_turn": per_turn},
     )
     return spliced

@@ -11,8 +11,9 @@ from vkv.methods.work import SpanWork
 
 @dataclass
 class Hybrid(BudgetMethod):
-    """A share of the span's tokens (by V-uniqueness by default) kept verbatim at their original positions, the rest
-    compressed into virtual tokens; both together meet the ratio's entry budget."""
+    """Per-turn verbatim: a share of the span's tokens (by V-uniqueness by default), the same for every head, kept
+    verbatim at their original positions, the rest compressed into virtual tokens; both together meet the ratio's
+    entry budget."""
 
     name = "hybrid"
     reports_steps = True

@@ -11,9 +11,10 @@ from vkv.methods.work import SpanWork
 
 @dataclass
 class Sequential(BudgetMethod):
-    """Each message of the span compressed into virtual tokens on its own, in order, on top of the running compressed
-    cache (the seed's sequential multi-turn experiment), with targets from the full history (`oracle`) or from the
-    running cache (`online`), optional verbatim tokens and per-turn ratios."""
+    """vkv per turn (`--method vkv --per-turn`; registered, and recorded in run ids, under its earlier name
+    `sequential`, so stored runs keep their ids): each message of the span compressed into virtual tokens on its own,
+    in order, on top of the running compressed cache, with targets from the full history (`oracle`) or from the
+    running cache (`online`), optional per-turn verbatim tokens and per-turn ratios."""
 
     name = "sequential"
     recipe_class: ClassVar[type] = MultiTurnConfig

@@ -1,5 +1,5 @@
 """The per-turn setting shared by every method with a budget: each message of the span is compressed when it ends,
-on top of the running compressed cache, as `sequential` vkv does, by the same loop (`compress_turns`). The message's
+on top of the running compressed cache, as vkv per turn does, by the same loop (`compress_turns`). The message's
 tokens are fed after everything kept so far; the method sees the K/V (and queries) they produce there, and its
 entries join the cache before the next message. The span's entry budget is shared over the messages in proportion to
 their lengths.

@@ -1,0 +1,70 @@
+"""What earlier versions spelled otherwise, in one place. Saved files (recipes in cache headers, sessions, `--json`
+outputs) are rewritten into today's spelling as they load, with the meaning they had then, so old files keep
+loading; a renamed flag is refused in one sentence naming today's, since a command line is typed again, not stored.
+
+Pure dictionary and string work: every layer may import it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+RENAMED_FLAGS = {  # an old flag, or flag=value, and the sentence that names what replaced it
+    "--sequential": "--sequential was renamed: per-turn compression is --per-turn (each message compressed on its own "
+    "when it ends, on the running cache)",
+    "--method=sequential": "method 'sequential' was renamed: vkv compressing each message on its own is "
+    "--method vkv --per-turn",
+}
+
+
+def old_flag(argv: Sequence[str]) -> str | None:
+    """The sentence refusing the first renamed flag in `argv` (`--flag value` or `--flag=value`, a value of
+    --method among its comma-separated list), or None."""
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg.partition("=")
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if flag in RENAMED_FLAGS:
+            return RENAMED_FLAGS[flag]
+        for v in value.split(","):
+            if f"{flag}={v}" in RENAMED_FLAGS:
+                return RENAMED_FLAGS[f"{flag}={v}"]
+    return None
+
+
+def recipe(d: dict[str, Any] | None) -> dict[str, Any]:
+    """vkv's recipe (CompressConfig) as earlier versions saved it, in today's spelling and with the meaning it had
+    then: the ratio lived in the recipe before each command took its own, `head_share` (all, uniform, adaptive)
+    became the `head_budget` every method shares (shared, uniform, adaptive), and a recipe saved before a setting
+    existed ran without it (share_scores readout, no verbatim share, no logit offset; every saved recipe records
+    proportional_attention)."""
+    d = {k: v for k, v in (d or {}).items() if k != "ratio"}
+    if d:
+        d.setdefault("share_scores", "readout")
+        d.setdefault("verbatim_share", 0.0)
+        d.setdefault("virtual_offset", 0.0)
+    if "head_share" in d:
+        share = d.pop("head_share")
+        d.setdefault("head_budget", "shared" if share == "all" else share)
+    return d
+
+
+def multiturn(d: dict[str, Any] | None) -> dict[str, Any]:
+    """A multi-turn recipe (MultiTurnConfig) as sessions saved by earlier versions record it, in today's spelling:
+    `targets` is `target_source`; a hybrid or auto-ratio config (or None) is a switch beside its settings (the hybrid
+    is the per-turn verbatim share, `keep_verbatim`)."""
+    d = dict(d or {})
+    if "targets" in d:
+        d.setdefault("target_source", d.pop("targets"))
+    for old, switch, settings in (("hybrid", "keep_verbatim", "verbatim"), ("auto_ratio", "auto_ratio", "tolerance")):
+        if old in d and not isinstance(d[old], bool):
+            value = d.pop(old)
+            d[switch] = value is not None
+            if value is not None:
+                d.setdefault(settings, value)
+    for ran in ("per_turn", "sequential"):  # how `vkv compress` ran (`sequential` before it was `per_turn`),
+        d.pop(ran, None)  # recorded beside the recipe in cache headers: not a setting
+    d["compress"] = recipe(d.get("compress", {}))
+    return d
