@@ -57,7 +57,7 @@ def test_fast_path_has_the_full_forwards_loss_and_gradients(tiny, kind):
 def test_padded_batch_forward_equals_each_row(tiny_llama):
     lm = tiny_llama
     problems = [make_problem(lm, 5, 20), make_problem(lm, 12, 33, ratio=2.0), make_problem(lm, 0, 9)]
-    from vkv.compress.optimise import Batch
+    from vkv.compress.kv_loss import Batch
 
     batch = Batch.build(lm, problems)
     assert batch.token_mask is not None and batch.prefix.valid is not None

@@ -2,7 +2,7 @@
 
 Attention matching (compaction.py) keeps t of the span's own keys and fits biases and values in closed form; here
 the keys move too. Starting from a selection of t entries per row, Adam minimises, over the reference queries, what
-vkv's attention target measures (optimise.py's `_attention_distance`): the error of what each query reads, relative
+vkv's attention target measures (kv_loss.py's `_attention_distance`): the error of what each query reads, relative
 to the span's value variance, plus the squared error of its log-normaliser, so that mixing with the prefix and with
 later tokens is kept as well as the read-out. No embedding is involved: it is an upper bound in KV space for any
 method that stores t entries per head, not a cache a model could have produced.

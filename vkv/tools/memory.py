@@ -18,7 +18,7 @@ from rich.table import Table
 from transformers import AutoConfig
 
 from vkv.compress.budget import DEFAULT_RATIO, entries_at
-from vkv.compress.optimise import cpu_has_amx
+from vkv.compress.precision import cpu_has_amx
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
 from vkv.lm.load import DEFAULT_MODEL, resolve_model_path

@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from vkv.compress.optimise import Batch, OptimConfig, OptimResult, optimise, uses_bf16
+from vkv.compress.kv_loss import Batch
+from vkv.compress.optimise import OptimConfig, OptimResult, optimise
+from vkv.compress.precision import uses_bf16
 from vkv.lm.frozen import FrozenLM
 from vkv.tools.compute_floor import layer_matmuls, peak_matmul, step_flops
 from vkv.tools.measure import StepClock, interleaved_step_seconds, profile_step, saved_activation_mb, working_memory

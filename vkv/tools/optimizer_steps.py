@@ -16,7 +16,9 @@ import torch
 
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
-from vkv.compress.optimise import Batch, OptimConfig, activation_dtype, autocast, layer_losses, uses_bf16
+from vkv.compress.kv_loss import Batch, layer_losses
+from vkv.compress.optimise import OptimConfig
+from vkv.compress.precision import activation_dtype, autocast, uses_bf16
 from vkv.compress.problem import SpanProblem
 from vkv.compress.targets import Targets
 from vkv.kv.prefix import KVPrefix
