@@ -81,6 +81,39 @@ def optimise_entries(
         raise ValueError(f"index {tuple(index.shape)} and real {tuple(real.shape)} must be [{rows}, t]")
     device = torch.device("cpu") if device is None else device
     layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
+    targets, starts = _targets_and_starts(readout, layers, index, real, init, ridge, device)
+    start_keys, start_values, start_bias = (torch.stack(s) for s in zip(*starts))
+    mask = real.to(device)
+    # A padding slot's bias is a finite 0 under a mask applied in every forward, not a −inf parameter: its gradient
+    # is then exactly 0 and Adam never moves it (nor its key and value, which no query attends to).
+    params = [
+        start_keys.to(device).clone().requires_grad_(True),
+        start_values.to(device).clone().requires_grad_(True),
+        start_bias.to(device).masked_fill(~mask, 0.0).requires_grad_(True),
+    ]
+    best, best_loss, start_loss = _descend(params, layers, targets, mask, steps, lr, on_step)
+    keys, values, bias = (b.cpu() for b in best)
+    padding = ~real
+    return FreeEntries(
+        torch.where(padding[..., None], start_keys, keys),
+        torch.where(padding[..., None], start_values, values),
+        bias.masked_fill(padding, MASKED),
+        start_loss.cpu(),
+        best_loss.cpu(),
+    )
+
+
+def _targets_and_starts(
+    readout: SpanReadout,
+    layers: list[slice],
+    index: torch.Tensor,
+    real: torch.Tensor,
+    init: str,
+    ridge: float,
+    device: torch.device,
+) -> tuple[list[_LayerTarget], list]:
+    """What each layer's rows must read (on `device`) and each row's start (`_start`, on the CPU), a layer at a
+    time."""
     targets, starts = [], []
     for layer in layers:
         part = readout.rows(layer)
@@ -95,18 +128,23 @@ def optimise_entries(
                 part.values.var().clamp_min(1e-8).to(device),
             )
         )
-    start_keys, start_values, start_bias = (torch.stack(s) for s in zip(*starts))
-    mask = real.to(device)
-    # A padding slot's bias is a finite 0 under a mask applied in every forward, not a −inf parameter: its gradient
-    # is then exactly 0 and Adam never moves it (nor its key and value, which no query attends to).
-    params = [
-        start_keys.to(device).clone().requires_grad_(True),
-        start_values.to(device).clone().requires_grad_(True),
-        start_bias.to(device).masked_fill(~mask, 0.0).requires_grad_(True),
-    ]
+    return targets, starts
+
+
+def _descend(
+    params: list[torch.Tensor],
+    layers: list[slice],
+    targets: list[_LayerTarget],
+    mask: torch.Tensor,
+    steps: int,
+    lr: float,
+    on_step: Callable[[int, float], None] | None,
+) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """`steps` Adam steps on `params` (keys, values and biases, rows first; `mask` `[R, t]` False at padding), each
+    row keeping its best iterate → (the best keys, values and biases, their loss `[R]`, the start's loss `[R]`)."""
     optimiser = torch.optim.Adam(params, lr=lr)
     best = [p.detach().clone() for p in params]
-    best_loss = torch.full((rows,), math.inf, device=device)
+    best_loss = torch.full((params[0].shape[0],), math.inf, device=params[0].device)
     start_loss = None
     for step in range(steps + 1):
         learning = step < steps
@@ -129,15 +167,7 @@ def optimise_entries(
         if learning:
             optimiser.step()
             optimiser.zero_grad(set_to_none=True)
-    keys, values, bias = (b.cpu() for b in best)
-    padding = ~real
-    return FreeEntries(
-        torch.where(padding[..., None], start_keys, keys),
-        torch.where(padding[..., None], start_values, values),
-        bias.masked_fill(padding, MASKED),
-        start_loss.cpu(),
-        best_loss.cpu(),
-    )
+    return best, best_loss, start_loss
 
 
 def _start(part: SpanReadout, stats: list, index: torch.Tensor, real: torch.Tensor, init: str, ridge: float) -> list:
