@@ -78,8 +78,8 @@ def test_compress_with_attention_targets_end_to_end(tiny_llama):
     assert spliced.segments[1].kind == "compact" and spliced.segments[1].real_entries == round((end - start) / 3)
 
 
-def test_sequential_and_hybrid_refuse_attention_targets(tiny_llama):
-    with pytest.raises(VkvError, match="not implemented for sequential"):
+def test_per_turn_and_per_turn_verbatim_refuse_attention_targets(tiny_llama):
+    with pytest.raises(VkvError, match="not implemented for per-turn compression"):
         MultiTurnConfig(compress=CompressConfig(target="v+attention")).check_turn_by_turn()
     ids, start, end = _span(tiny_llama)
     acts, cache = capture_span(tiny_llama, ids, start, end, keep_cache=True)
