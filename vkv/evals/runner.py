@@ -39,6 +39,12 @@ class EvalSettings:
         1.0, "nats; questions whose full-vs-none gap is smaller are flagged, not averaged", minimum=0
     )
     max_new_tokens: int = setting(24, "longest greedy answer, in tokens", minimum=1)
+    batch: int = setting(
+        16,
+        "questions scored side by side on one context, packed into one sequence after it (the context is shared, "
+        "never copied): more is faster until the device is busy, and holds more tokens' logits at once",
+        minimum=1,
+    )
     seed: int = setting(0, cli=False, minimum=0)  # the run's seed (the optimiser's --seed), recorded with the result
 
 
@@ -121,22 +127,31 @@ class TranscriptEval:
         return splice(self.lm, self.work.kv, self.start, self.end, segments, self.rendered.ids[self.end :])
 
     def measure(
-        self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None
+        self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None, alone: bool = False
     ) -> tuple[list[Measurement], dict[str, Any]]:
-        """Each question scored on the cache, and what the cache holds in memory for the span."""
+        """Each question scored on the cache, and what the cache holds in memory for the span. The questions are
+        scored `settings.batch` at a time side by side; `alone`: one sequence at a time instead (`Context.score_alone`,
+        the reference the batched scoring is checked and timed against)."""
         context = Context(self.lm, spliced)
         memory = self.memory(context.cache.span_nbytes(self.start, self.end), context.cache.nbytes)
-        results = []
-        for pq in questions or self.questions:
-            lps, fidelity, answer_ids = context.score(pq.prompt, pq.choices, self.settings.max_new_tokens)
-            results.append(
-                Measurement(
-                    answer=self.lm.tokenizer.decode(answer_ids, skip_special_tokens=True),
-                    choice_logprobs=[float(x.sum()) for x in lps],
-                    choice_mean_logprobs=[float(x.mean()) for x in lps],
-                    fidelity_logp=fidelity,
-                )
+        questions = questions or self.questions
+        new_tokens = self.settings.max_new_tokens
+        if alone:
+            scored = [context.score_alone(pq.prompt, pq.choices, new_tokens) for pq in questions]
+        else:
+            scored = []
+            for first in range(0, len(questions), self.settings.batch):
+                chunk = questions[first : first + self.settings.batch]
+                scored += context.score([(pq.prompt, pq.choices) for pq in chunk], new_tokens)
+        results = [
+            Measurement(
+                answer=self.lm.tokenizer.decode(s.answer, skip_special_tokens=True),
+                choice_logprobs=[float(x.sum()) for x in s.logprobs],
+                choice_mean_logprobs=[float(x.mean()) for x in s.logprobs],
+                fidelity_logp=s.fidelity,
             )
+            for s in scored
+        ]
         return results, memory
 
     def memory(self, span_bytes: int, cache_bytes: int, span_tokens: int | None = None) -> dict[str, Any]:
