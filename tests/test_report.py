@@ -6,63 +6,13 @@ import json
 
 import pytest
 
+from tests.report_helpers import _cell, _markers, _texts, line
 from vkv.errors import VkvError
 from vkv.sweep.breakdowns import breakdown, per_question
 from vkv.sweep.paired import paired
 from vkv.sweep.pooled_rows import rows
 from vkv.sweep.report import ReportConfig, run_report
 from vkv.sweep.variants import load
-
-
-def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
-    run = {
-        "model": "smollm2-135m",
-        "quant": "fp32",
-        "transcript": "t.json",
-        "method": method,
-        "ratio": ratio,
-        "seed": seed,
-    }
-    config = {"pooling": pooling, "optim": {"steps": 3, "seed": seed}} if pooling else {}
-    entries = {"full": span, "none": 0}.get(method, round(span / ratio) if ratio else span)
-    questions = [
-        {
-            "id": f"q{i}",
-            "keyword_correct": c,
-            "choice_correct": c,
-            "retention": 1.0 if c else 0.2,
-            "fidelity_kl": 0.0 if c else 0.5,
-            "weak": False,
-            "distance_tokens": 300 * i,
-            "kind": ("decision", "change")[i % 2],
-        }
-        for i, c in enumerate(correct)
-    ]
-    result = {
-        "transcript": "t@turns1-3",
-        "split": "test",
-        "method": method,
-        "ratio_requested": ratio,
-        "ratio_achieved": round(span / entries, 4) if entries else None,
-        "span_tokens": span,
-        "compressed_entries": entries,
-        "seconds": 2.0,
-        "questions": questions,
-        "loss_trace": list(trace),
-        "optimisation": {"best_loss": min(trace)} if trace else {},
-    }
-    return {
-        "run_id": run_id,
-        "sweep": "unit",
-        "run": run,
-        "identity": {"quant": "fp32", "config": config, "eval": {"max_new_tokens": 4}},
-        "git": {"revision": "abc"},
-        "seed": seed,
-        "wall_seconds": 3.0,
-        "peak_memory_mb": 900.0,
-        "device": "cpu",
-        "result": result,
-    }
 
 
 @pytest.fixture
@@ -251,14 +201,6 @@ def figures(monkeypatch):
     return saved
 
 
-def _texts(fig) -> str:
-    legends = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-    legends += [t.get_text() for legend in fig.legends for t in legend.get_texts()]
-    return "\n".join(
-        [*legends, *(t.get_text() for t in fig.texts), *(t.get_text() for ax in fig.axes for t in ax.texts)]
-    )
-
-
 def test_plots_tick_the_measured_ratios_label_axes_and_name_their_intervals(sweep_dir, figures):
     assert run_report(sweep_dir) == 0
     quality = figures["quality_vs_ratio.png"]
@@ -336,7 +278,7 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
     blank = [ax for ax in quality.axes if not ax.axison]
     assert len(blank) == 1 and blank[0].get_legend() is not None and not quality.legends
     for ax in drawn_axes:  # the best four and the reference, each in its own colour (and marker)
-        drawn = [(line.get_color(), line.get_marker()) for line in ax.lines if line.get_marker() not in (None, "None")]
+        drawn = [(line.get_color(), line.get_marker()) for line in _markers(ax)]
         assert len(drawn) == LEADING + 1 and len({colour for colour, _ in drawn}) == LEADING + 1
     assert "keyword accuracy" not in {ax.get_title() for ax in quality.axes}
     assert any("Not drawn: keyword accuracy" in n for n in notes)
@@ -347,30 +289,61 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
     assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
 
 
-def test_the_memory_axis_puts_each_point_at_its_measured_bytes_and_ticks_both_ends(tmp_path, figures):
-    from vkv.sweep.plots import draw_quality, round_ticks
+def test_points_closer_than_a_marker_are_spread_symmetrically_and_minimally():
+    import math
+
+    from vkv.sweep.plots import spread
+
+    gap = 0.05
+    same = spread([1.0] * 4, gap)  # four at one x: a gap apart, centred on it, in list order
+    assert same == pytest.approx([-1.5 * gap, -0.5 * gap, 0.5 * gap, 1.5 * gap])
+    assert spread([0.0, 1.0, 2.0], gap) == [0.0, 0.0, 0.0]  # far apart: each at its measured x
+    close = [0.0, 0.01, 1.0]  # two within a gap: moved apart about their midpoint, the third stays
+    moved = [x + o for x, o in zip(close, spread(close, gap))]
+    assert moved[1] - moved[0] == pytest.approx(gap) and (moved[0] + moved[1]) / 2 == pytest.approx(0.005)
+    assert moved[2] == 1.0
+    chain = [0.0, 0.03, 0.06, 0.09]  # a run of close points keeps its order and at least the gap
+    placed = [x + o for x, o in zip(chain, spread(chain, gap))]
+    assert all(b - a >= gap * 0.999 for a, b in zip(placed, placed[1:])) and math.isclose(sum(placed) / 4, 0.045)
+
+
+def test_the_memory_axis_spreads_close_bytes_and_ticks_each_measured_value(tmp_path, figures):
+    import math
+
+    from vkv.sweep.plots import NOTE_SIZE, draw_quality, marker_gap, round_ticks
 
     assert round_ticks([13.8, 95.0]) == [15, 20, 50, 100]  # 13.8 MiB would otherwise sit far left of the 20 tick
     table = [
         {"method": m, "variant": m, "ratio_requested": r, "ratio_achieved": r, "span_memory_kib": kib,
-         "keyword_accuracy": 0.1, "choice_accuracy": 0.5, "mean_retention": ret, "windows": 12}
-        for m, r, kib, ret in [("a", 3.2, 94722.0, 1.0), ("b", 3.2, 93988.0, 0.8), ("a", 16.0, 18940.0, 0.9),
-                               ("b", 16.0, 14131.0, 0.5)]
+         "keyword_accuracy": kw, "choice_accuracy": ret, "mean_retention": ret, "windows": 12,
+         "keyword_ci": (kw - 0.1, kw + 0.1)}
+        for m, r, kib, ret, kw in [("a", 3.2, 94722.0, 1.0, 0.3), ("b", 3.2, 93988.0, 0.8, 0.2),
+                                   ("a", 16.0, 18940.0, 0.9, 0.1), ("b", 16.0, 14131.0, 0.5, 0.0)]
     ]  # fmt: skip
     notes = draw_quality(table, tmp_path / "m.png", {})
-    memory = next(ax for ax in figures["m.png"].axes if "MiB" in ax.get_xlabel())
-    xs = sorted(x for line in memory.lines if line.get_marker() not in (None, "None") for x in line.get_xdata())
-    assert xs == sorted(row["span_memory_kib"] for row in table)  # not nudged: the memory order is the real one
-    ticks = [t / 1024 for t in memory.get_xticks()]
+    fig = figures["m.png"]
+    memory = next(ax for ax in fig.axes if "MiB" in ax.get_xlabel())
+    drawn = {line.get_color(): sorted(line.get_xdata()) for line in _markers(memory)}
+    (a16, a3), (b16, b3) = drawn["#0072B2"], drawn["#E69F00"]
+    assert (a16, b16) == (18940.0, 14131.0)  # far apart: at their measured bytes
+    gap = marker_gap([row["span_memory_kib"] for row in table], "span_memory_kib")
+    assert math.log(a3 / b3) == pytest.approx(gap) and b3 < 93988.0 < 94722.0 < a3  # 0.8 % apart: spread, in order
+    assert math.sqrt(a3 * b3) == pytest.approx(math.sqrt(94722.0 * 93988.0))  # symmetrically about their midpoint
+    ticks = sorted(x for line in memory.lines if line.get_marker() == "|" for x in line.get_xdata())
+    assert ticks == [93988.0, 94722.0]  # the moved points' measured bytes, marked
+    scale = [t / 1024 for t in memory.get_xticks()]
     low, high = memory.get_xlim()
-    assert all(low <= t * 1024 <= high for t in ticks)  # every tick within the axis
-    assert min(ticks) <= 1.2 * min(xs) / 1024 and max(ticks) >= max(xs) / 1024 / 1.2  # both ends readable
-    ratio = next(ax for ax in figures["m.png"].axes if "achieved ratio" in ax.get_xlabel())
-    at = sorted(x for line in ratio.lines for x in line.get_xdata() if 3 < x < 3.4)
-    assert at[0] < 3.2 < at[-1]  # the ratio axes spread one ratio's points, and say by how much
-    assert any("spread up to ±" in n and "Memory axis: each point at its measured bytes" in n for n in notes + [
-        _texts(figures["m.png"]).replace("\n", " ")
-    ])  # fmt: skip
+    assert all(low <= t * 1024 <= high for t in scale) and min(scale) <= 1.2 * 14131.0 / 1024  # both ends readable
+    ratio = next(ax for ax in fig.axes if ax.get_title() == "mean retention")
+    at = sorted(x for line in _markers(ratio) for x in line.get_xdata() if 3 < x < 3.4)
+    assert at[0] < 3.2 < at[-1] and math.log(at[-1] / at[0]) >= marker_gap([3.2, 16.0], "ratio_achieved") * 0.999
+    told = _texts(fig).replace("\n", " ")
+    assert "Sideways spread: points whose measured x lie closer than a marker's width" in told
+    assert "short vertical tick at its measured x" in told and "(every panel)" in told
+    keyword = next(ax for ax in fig.axes if ax.get_title() == "keyword accuracy")
+    assert all(c.has_yerr for c in keyword.containers)  # keyword accuracy has its interval too
+    (legend,) = fig.legends  # four panels, no blank cell: the legend under them, in the notes' type
+    assert {t.get_fontsize() for t in legend.get_texts()} == {NOTE_SIZE} and notes == []
 
 
 def test_the_yellow_gets_a_dark_marker_edge_and_crowded_figures_fit_the_palette():
@@ -383,12 +356,6 @@ def test_the_yellow_gets_a_dark_marker_edge_and_crowded_figures_fit_the_palette(
     picked = leading(table)  # 4 best at each of 3 ratios would be 12 variants: fewer, so 8 colours cover them
     assert len(picked.union()) <= len(OKABE_ITO) and picked.keep < 4
     assert str(picked.keep) in picked.notes({})[0]  # the rule states the number it drew
-
-
-def _cell(mean, windows=5, questions=10):
-    from vkv.sweep.breakdowns import Cell
-
-    return Cell(mean, questions, mean - 0.05, mean + 0.05, windows)
 
 
 def test_a_crowded_distance_panel_draws_the_best_few_and_says_what_it_left_out(tmp_path, figures):
@@ -496,8 +463,14 @@ def test_quality_points_are_nudged_sideways_and_laid_out_two_panels_a_row(sweep_
     quality = figures["quality_vs_ratio.png"]
     assert quality.get_figwidth() <= 12
     ax = next(ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel())
-    at_two = sorted(x for line in ax.lines for x in line.get_xdata() if 1.8 < x < 2.2)
+    at_two = sorted(x for line in _markers(ax) for x in line.get_xdata() if 1.8 < x < 2.2)
     assert len(at_two) == 3 and len(set(at_two)) == 3 and at_two[0] < 2.0 < at_two[-1]  # 3 methods run at 2×
+    ticks = [x for line in ax.lines if line.get_marker() == "|" for x in line.get_xdata() if 1.8 < x < 2.2]
+    assert ticks == [2.0, 2.0]  # the two moved points' measured ratio, marked (the middle one stays on it)
+    keyword = next(ax for ax in quality.axes if ax.get_title() == "keyword accuracy")
+    assert keyword.containers and all(c.has_yerr for c in keyword.containers)  # its window-bootstrap interval
+    table = rows(load(sweep_dir))
+    assert all(r["keyword_ci"][0] <= r["keyword_accuracy"] <= r["keyword_ci"][1] for r in table)
 
 
 def test_distance_panels_name_variants_not_run_there_and_do_not_draw_trends_through_thin_buckets(tmp_path, figures):
@@ -522,10 +495,15 @@ def test_distance_panels_name_variants_not_run_there_and_do_not_draw_trends_thro
     assert panel.get_ylim()[0] == pytest.approx(min(0.0, 0.9 - 3 / 10 - 0.05, 0.3 - 0.05) - 0.05)  # the drawn bars
     segments = [line for line in panel.lines if len(line.get_xdata()) == 2 and line.get_color() != "grey"]
     assert segments
-    for line in segments:  # a segment into or out of the thin bucket (x near 1) is dotted, the others solid
-        into_thin = any(abs(x - 1) < 0.5 for x in line.get_xdata())
-        assert (line.get_linestyle() == ":") == into_thin
-    assert "Hollow markers, joined by dotted lines" in _texts(figures["d.png"])
+    for seg in segments:  # no line into or out of the thin bucket (x near 1): the real ones are joined directly
+        x0, x1 = sorted(seg.get_xdata())
+        assert abs(x0) < 0.5 and abs(x1 - 2) < 0.5 and seg.get_linestyle() == "-"
+    labels = [t.get_text() for t in panel.get_xticklabels()]
+    assert labels[:2] == ["0–127\nn=10, 5 win†", "128–511\nn=2, 1 win†"]  # each bucket's questions and windows
+    told = _texts(figures["d.png"])
+    assert "Hollow markers, not joined" in told and "joined by dotted" not in told
+    near = sorted(x for line in _markers(panel) for x in line.get_xdata() if abs(x) < 0.5)
+    assert min(b - a for a, b in zip(near, near[1:])) >= 0.14  # the four markers at a bucket a marker's width apart
 
 
 def test_loss_panels_share_one_y_axis_count_windows_and_say_when_curves_coincide(tmp_path, figures):
@@ -577,3 +555,45 @@ def test_the_question_heatmap_counts_weak_questions_and_names_variants_not_run(t
 
     extent = fig._suptitle.get_window_extent(FigureCanvasAgg(fig).get_renderer())
     assert extent.x0 >= 0 and extent.x1 <= fig.bbox.width  # wrapped within the figure: it widens nothing
+
+
+def test_heatmap_rows_say_they_are_clipped_and_notes_give_the_range_outside_zero_to_one(tmp_path, figures):
+    from vkv.sweep.plot_questions import draw_heatmap, range_note
+
+    lines, table = [], []
+    for variant, values in (("a", (1.0, -3.84, 0.5, 0.2)), ("b", (0.9, 0.4, 7.0, 0.1))):
+        x = line(variant, "m", 2.0, [True] * 4)
+        x["variant"] = variant
+        for q, value in zip(x["result"]["questions"], values):
+            q["retention"] = value
+        lines.append(x)
+        table.append({"method": "m", "variant": variant, "ratio_requested": 2.0, "mean_retention": sum(values)})
+    notes = draw_heatmap(lines, table, tmp_path / "h.png", {})
+    title = figures["h.png"].get_suptitle().replace("\n", " ")
+    assert "Rows by mean retention clipped to [0, 1] over the columns" in title
+    told = " ".join(notes)
+    assert "25% of the drawn cells lie outside [0, 1], from −3.84 to 7.00" in told  # 2 of 8 cells
+    assert "end bins" in told and "open" in told
+    import numpy as np
+
+    assert "every drawn cell lies within [0, 1], from 0.10 to 0.90" in range_note(np.array([[0.1, np.nan, 0.9]]))
+
+
+def test_breakdown_caveats_name_the_buckets_under_ten_windows(sweep_dir):
+    from vkv.sweep.breakdowns import Cell
+    from vkv.sweep.table_cells import few_window_cells
+
+    def cell(windows):
+        return Cell(0.5, 10, 0.4, 0.6, windows)
+
+    rows_ = [("a 2×", {"0–127": cell(4), "128–511": cell(1), "≥4096": cell(12)}),
+             ("b 2×", {"0–127": cell(4), "128–511": cell(1), "≥4096": cell(12)}),
+             ("c 2×", {"0–127": cell(12), "128–511": cell(3)})]  # fmt: skip
+    text = few_window_cells(rows_, ["0–127", "128–511", "≥4096"])
+    assert "in a 2×, b 2×: 0–127 (4 windows), 128–511 (1 window); in c 2×: 128–511 (3 windows)." in text
+    assert "≥4096" not in text and few_window_cells(rows_[:1], ["≥4096"]) is None
+    assert run_report(sweep_dir) == 0
+    md = (sweep_dir / "report" / "report.md").read_text()
+    section = md.split("## Retention by distance")[1].split("## ")[0]
+    assert "these cells rest on fewer than 10 windows" in section
+    assert "in every row: 0–127 (1 window), 128–511 (1 window), 512–2047 (1 window)." in section

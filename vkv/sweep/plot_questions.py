@@ -52,7 +52,7 @@ def draw_heatmap(
     lines: list[dict], table_rows: list[dict], path: Path, names: dict[str, str], reference: str | None = None
 ) -> list[str] | None:
     """Per question (rows) and picked variant × ratio (columns), the binned retention; rows ordered by their mean
-    retention over the columns, the facts that degrade first at the bottom; white cells: not run there. The title's
+    retention over the columns, each cell clipped to [0, 1] (the range and the share outside it are noted), the facts that degrade first at the bottom; white cells: not run there. The title's
     counts add up to every question asked: those drawn, those left out to fit, the weak ones (no retention)."""
     import matplotlib.pyplot as plt  # optional dependency (vkv[plots])
 
@@ -77,12 +77,24 @@ def draw_heatmap(
     extra += [f"{weak} weak, with no retention, not drawn"] if weak else []
     count = f"the {len(keep)} of {len(questions) + weak} questions where these columns differ most"
     count += f" ({'; '.join(extra)})" if extra else ""
-    title = (f"retention per question, binned: {count}. Rows by mean retention over the columns, the first facts "
-             "to degrade at the bottom")  # fmt: skip
+    title = (f"retention per question, binned: {count}. Rows by mean retention clipped to [0, 1] over the columns, "
+             "the first facts to degrade at the bottom")  # fmt: skip
     fig.suptitle(wrap_notes([title], width, size=9), fontsize=9)  # over the figure, so it widens nothing
-    notes = _heatmap_notes(len(questions) - len(keep), weak, picked, names)
+    notes = [range_note(data[keep]), *_heatmap_notes(len(questions) - len(keep), weak, picked, names)]
     _finish(fig, path, notes, handles, title="retention (1 = full context; 0 = no context)", ncol=len(handles))
     return ["", *notes] + alias_key(names, picked.named())
+
+
+def range_note(data: np.ndarray) -> str:
+    """How far the drawn cells' retention runs, and the share outside [0, 1], from the data (NaN: not run)."""
+    values = data[~np.isnan(data)]
+    if not values.size:
+        return "No retention drawn."
+    outside = float(np.mean((values < 0) | (values > 1)))
+    low, high = (f"{v:.2f}".replace("-", "−") for v in (values.min(), values.max()))
+    share = f"{outside:.0%} of the drawn cells lie outside [0, 1]" if outside else "every drawn cell lies within [0, 1]"
+    return (f"Per-question retention: {share}, from {low} to {high}; the end bins (<\u00a00.25, ≥\u00a00.9) are open, and "
+            "rows are ordered by their mean with each cell clipped to [0, 1].")  # fmt: skip
 
 
 def _cells(ax, binned: np.ndarray, columns: list[tuple[str, float]], names: dict[str, str]) -> dict:

@@ -1,8 +1,8 @@
 """`vkv report`'s PNGs, drawn for a reviewer: ticks at the values measured, every axis labelled (log axes say so),
 error bars named on the figure (95 % window-bootstrap intervals), every method drawn or named as missing (left
 out for a stated rule, or not run at a panel's ratio), colour-blind-safe colours (Okabe and Ito's palette; a crowded
-figure draws few enough variants, `leading`, that each has its own colour and marker), no sideways nudge on a
-measured axis, short aliases for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not
+figure draws few enough variants, `leading`, that each has its own colour and marker), points on a measured axis
+moved sideways only where their markers would overlap (`spread`) and then tied to a tick at the measured value, short aliases for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not
 10.667×), legends in a blank grid cell or under the panels, notes under them, a two-colour scale only for yes/no
 data, and a caveat under 10 windows.
 
@@ -287,7 +287,7 @@ def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, titl
     elif handles:
         legend = fig.legend(
             handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, -0.01), ncol=ncol,
-            fontsize=8, frameon=False, title=title, title_fontsize=8,
+            fontsize=NOTE_SIZE, frameon=False, title=title, title_fontsize=NOTE_SIZE,
         )  # fmt: skip
         fig.canvas.draw()  # the legend's height is known only once drawn
         below = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
@@ -297,19 +297,62 @@ def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, titl
 
 
 QUALITY_PANELS = (  # (y metric, its interval, x metric, title, y label)
-    ("keyword_accuracy", None, "ratio_achieved", "keyword accuracy", "share of questions answered (keyword check)"),
+    (
+        "keyword_accuracy",
+        "keyword_ci",
+        "ratio_achieved",
+        "keyword accuracy",
+        "share of questions answered (keyword check)",
+    ),
     ("choice_accuracy", "choice_ci", "ratio_achieved", "choice accuracy", "share of multiple-choice questions right"),
     ("mean_retention", "retention_ci", "ratio_achieved", "mean retention", "retention (1 = full context)"),
     ("mean_retention", "retention_ci", "span_memory_kib", "retention against memory", "retention (1 = full context)"),
 )
+MARKER_PT, AXIS_PT = 11.0, 360.0  # a marker and its caps with some air, and a panel's plotting width, in points
+
+
+def spread(xs: list[float], gap: float) -> list[float]:
+    """Sideways offsets (log-x units) that set points `gap` apart where their measured log x lie closer: each run of
+    points closer than `gap` to the next is spaced evenly, in the order of their x (ties in list order), about the
+    midpoint of its measured ends, no wider than it needs; points further apart stay at their measured x."""
+    order = sorted(range(len(xs)), key=lambda i: (xs[i], i))
+    at = {i: xs[i] for i in order}
+    for _ in range(len(xs)):  # runs only merge, so this settles
+        runs: list[list[int]] = []
+        for i in order:
+            if runs and at[i] - at[runs[-1][-1]] < gap * 0.999:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+        moved = False
+        for run in (r for r in runs if len(r) > 1):
+            lo, hi = xs[run[0]], xs[run[-1]]
+            step = max(gap, (hi - lo) / (len(run) - 1))
+            for j, i in enumerate(run):
+                new = (lo + hi) / 2 + nudge(j, len(run), step)
+                moved, at[i] = moved or abs(new - at[i]) > 1e-12, new
+        if not moved:
+            break
+    return [at[i] - xs[i] for i in range(len(xs))]
+
+
+def marker_gap(xs: list[float], x_key: str) -> float:
+    """The log-x distance of a marker's width (MARKER_PT) on a quality panel whose points lie at `xs`: the ratio
+    axes take matplotlib's 5 % margins, the memory axis its round ticks and 8 % beyond them."""
+    if x_key == "ratio_achieved":
+        span = 1.1 * math.log(max(xs) / min(xs))
+    else:
+        ends = xs + _memory_ticks(xs)
+        span = math.log(max(ends) / min(ends)) + 2 * math.log(1.08)
+    return MARKER_PT / AXIS_PT * max(span, 0.5)
 
 
 def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], reference=None) -> list[str] | None:
     """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
     in memory, for the variants `leading` draws at some ratio (the distance figure's rule; each in its own colour and
-    marker, the rest named), intervals as error bars, at most 2 panels a row. On the ratio axes, where every method
-    sits at the same measured ratio, points are spread a little sideways so bars stay apart; on the memory axis each
-    point sits at its measured bytes. A panel whose values hardly vary across methods is left out and named."""
+    marker, the rest named), intervals as error bars, at most 2 panels a row. Points closer than a marker's width
+    on a panel are spread sideways (`spread`), each moved one joined by a thin line to a tick at its measured x.
+    A panel whose values hardly vary across methods is left out and named."""
     picked = leading(table_rows, reference)
     variants = methods(table_rows, reference)  # the index into every figure's styles
     drawn = [v for v in variants if v in picked.union()]
@@ -320,12 +363,14 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], refe
     if not panels:
         return None
     fig, axes = _grid(len(panels))
-    handles = {}
-    step = min(0.025, 0.25 / len(drawn))  # log-x units: the spread of a ratio's points stays under ±0.13
+    handles: dict = {}
+    moved: dict[str, tuple[float, float]] = {}  # x metric: (its widest marker gap, the largest offset)
     for ax, panel in zip(axes, panels):
-        for rank, variant in enumerate(drawn):
-            offset = nudge(rank, len(drawn), step) if panel[2] == "ratio_achieved" else 0.0  # none on bytes
-            handles.update(_quality_curve(ax, curves[variant], panel, offset, style(variants.index(variant)), names))
+        offsets, gap = _offsets(curves, drawn, panel)
+        was = moved.get(panel[2], (0.0, 0.0))
+        moved[panel[2]] = (max(was[0], gap), max([was[1], *map(abs, offsets.values())]))
+        for variant in drawn:
+            handles.update(_quality_curve(ax, curves[variant], panel, offsets, style(variants.index(variant)), names))
         for ref, line in zip(REFERENCES, ("--", ":")):
             values = [r[panel[0]] for r in table_rows if r["method"] == ref and r[panel[0]] is not None]
             if values:
@@ -339,9 +384,20 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], refe
         ax.set_ylim(min([0.0, *ends]) - 0.05, max([1.0, *ends]) + 0.05)  # error bars included
         ax.grid(alpha=0.3)
     rest = [v for v in variants if v not in drawn]
-    notes, md = _quality_notes(panels, dropped, picked, rest, math.exp((len(drawn) - 1) / 2 * step) - 1, names)
+    notes, md = _quality_notes(panels, dropped, picked, rest, moved, names)
     _finish(fig, path, notes + few_windows_note([r.get("windows", 0) for pts in curves.values() for r in pts]), handles)
     return md + alias_key(names, variants)
+
+
+def _offsets(curves: dict[str, list[dict]], drawn: list[str], panel: tuple) -> tuple[dict[int, float], float]:
+    """{id(point): its sideways offset in log-x units} on one panel (`spread`, ties in drawing order), and the gap
+    kept between markers."""
+    key, _, x_key = panel[:3]
+    points = [p for v in drawn for p in curves[v] if p.get(x_key) and p[key] is not None]
+    if not points:
+        return {}, 0.0
+    gap = marker_gap([p[x_key] for p in points], x_key)
+    return {id(p): o for p, o in zip(points, spread([math.log(p[x_key]) for p in points], gap))}, gap
 
 
 X_NAMES = {"ratio_achieved": "its achieved ratio", "span_memory_kib": "its bytes in memory"}
@@ -362,8 +418,9 @@ def _quality_panels(curves: dict[str, list[dict]]) -> tuple[list[tuple], list[st
     return panels, dropped
 
 
-def _quality_curve(ax, points: list[dict], panel: tuple, offset: float, kind: dict, names: dict[str, str]) -> dict:
-    """One variant's points in one quality panel, `offset` log units sideways; returns {legend label: handle}."""
+def _quality_curve(ax, points: list[dict], panel: tuple, offsets: dict, kind: dict, names: dict[str, str]) -> dict:
+    """One variant's points in one quality panel, each `offsets[id(point)]` log units sideways, a moved one joined by
+    a thin line to a short tick at its measured x; returns {legend label: handle}."""
     key, interval, x_key = panel[:3]
     pts = sorted((p for p in points if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
     if not pts:
@@ -373,20 +430,31 @@ def _quality_curve(ax, points: list[dict], panel: tuple, offset: float, kind: di
         errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
     variant = pts[0]["variant"]
     label = window_label(names.get(variant, variant), min(p.get("windows", 0) for p in pts))
-    xs = [p[x_key] * math.exp(offset) for p in pts]
-    return {label: ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **kind)}
+    xs = [p[x_key] * math.exp(offsets.get(id(p), 0.0)) for p in pts]
+    handle = ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **kind)
+    for p, x in zip(pts, xs):
+        if x != p[x_key]:  # the measured x: a tick, and a line to where the point is drawn
+            ax.plot([p[x_key], x], [p[key]] * 2, color=kind["color"], linewidth=0.8, zorder=1.5)
+            ax.plot([p[x_key]], [p[key]], linestyle="none", marker="|", markersize=9, markeredgewidth=1.5,
+                    color=kind.get("markeredgecolor", kind["color"]), zorder=3.5)  # fmt: skip
+    return {label: handle}
 
 
-def _quality_notes(panels, dropped, picked: Selection, rest: list[str], spread: float, names) -> tuple[list, list]:
+AXIS_NAMES = {"ratio_achieved": "ratio axes", "span_memory_kib": "memory axis"}
+
+
+def _quality_notes(panels, dropped, picked: Selection, rest: list[str], moved: dict, names) -> tuple[list, list]:
     """The figure's notes and report.md's lines under it: intervals, the sideways spread, the drawing rule with the
     variants it left out, the flat panels."""
-    which = "choice accuracy and retention; keyword accuracy has none" if panels[0][1] is None else "every panel"
-    notes = [f"{INTERVALS} ({which})."]
-    if len(picked.union()) > 1 and any(p[2] == "ratio_achieved" for p in panels):
-        bytes_axis = any(p[2] == "span_memory_kib" for p in panels)
+    notes = [f"{INTERVALS} (every panel)."]
+    spread_at = {k: v for k, v in moved.items() if v[1] > 0}
+    if spread_at:
+        gaps = ", ".join(f"{math.exp(g) - 1:.1%} on the {AXIS_NAMES[k]}" for k, (g, _) in spread_at.items())
+        most = ", ".join(f"±{math.exp(o) - 1:.1%} on the {AXIS_NAMES[k]}" for k, (_, o) in spread_at.items())
         notes.append(
-            f"Ratio axes: the points at one ratio are spread up to ±{spread:.1%} sideways so their bars stay apart; "
-            "the tick is the measured ratio." + (" Memory axis: each point at its measured bytes." * bytes_axis)
+            f"Sideways spread: points whose measured x lie closer than a marker's width ({gaps}) are spread apart, "
+            f"symmetrically about their midpoint and only as far as the markers need (at most {most}); a thin line "
+            "joins each moved point to a short vertical tick at its measured x. Other points sit at their measured x."
         )
     told = []
     if rest:
@@ -400,13 +468,18 @@ def _quality_notes(panels, dropped, picked: Selection, rest: list[str], spread: 
     return notes + told, ([""] + told if told else [])
 
 
+def _memory_ticks(xs: list[float]) -> list[float]:
+    """The memory axis's ticks (KiB recorded) at round MiB."""
+    return [t * 1024 for t in round_ticks([x / 1024 for x in xs])]
+
+
 def _quality_axes(ax, xs: list[float], x_key: str) -> None:
     ax.set_xscale("log")
     if x_key == "ratio_achieved":  # every method's ratios measured: few distinct ones
         set_log_ticks(ax.xaxis, measured_ticks(xs), lambda x: f"{x:g}×")
         ax.set_xlabel("achieved ratio (span tokens per entry; log scale)")
     else:  # bytes differ by method at one ratio: round MiB (KiB recorded) rather than some methods' values
-        ticks = [t * 1024 for t in round_ticks([x / 1024 for x in xs])]
+        ticks = _memory_ticks(xs)
         set_log_ticks(ax.xaxis, ticks, lambda x: f"{x / 1024:g}")
         ax.set_xlim(min(xs + ticks) / 1.08, max(xs + ticks) * 1.08)  # every tick shown, the points inside
         ax.set_xlabel("span MiB in memory per window (decoding cache; log scale)")
@@ -420,8 +493,8 @@ def draw_distance(
     """Retention by distance bucket: one panel per requested ratio, in it the variants `leading` picks (the best
     few by mean retention there, and the reference), nudged sideways within a bucket's slot (the x axis is buckets,
     not a measure) so error bars at one bucket do not overlap; full context (1) and no context (0) as grey lines;
-    hollow markers, joined by dotted lines, where a bucket holds fewer than 2 windows or questions (no interval to
-    speak of, and no trend to draw through); one legend for every panel. The notes state the rule and name what
+    hollow, unconnected markers where a bucket holds fewer than 2 windows or questions (no interval to speak of,
+    and no trend to draw through: the line joins the neighbouring buckets directly); one legend for every panel. The notes state the rule and name what
     each panel leaves out, and why (lower retention, or not run at that ratio)."""
     picked = leading(
         [r for r in table_rows if (r["variant"], r["ratio_requested"]) in cells], reference, ran=table_rows
@@ -433,7 +506,7 @@ def draw_distance(
     fig, axes = _grid(len(picked.drawn), sharey=True)
     handles, thin = {}, False
     for ax, (ratio, drawn) in zip(axes, picked.drawn.items()):
-        step = min(0.08, 0.6 / len(drawn))  # sideways offset between methods, within a bucket's slot
+        step = min(0.15, 0.7 / len(drawn))  # sideways offset between methods (a marker's width), within a slot
         for rank, variant in enumerate(drawn):
             kind = style(variants.index(variant))
             handles[variant], hollow = _distance_line(
@@ -454,7 +527,7 @@ def draw_distance(
         which = ", ".join(column_label(names.get(v, v), ratio) for v, ratio in unrecorded)
         told.append(f"No distances recorded, not drawn: {which}.")
     lines = [f"{INTERVALS}.", *told]
-    lines += [f"Hollow markers, joined by dotted lines: {THIN}."] if thin else []
+    lines += [f"Hollow markers, not joined: {THIN}."] if thin else []
     lines += few_windows_note([windows[(v, r)] for r, drawn in picked.drawn.items() for v in drawn])
     fewest = {v: min(w for (variant, _), w in windows.items() if variant == v) for v in handles if v in variants}
     legend = {window_label(names.get(v, v), fewest[v]): handles[v] for v in variants if v in fewest}
@@ -463,22 +536,32 @@ def draw_distance(
     return ([""] + told if told else []) + alias_key(names, picked.named() | {v for v, _ in unrecorded})
 
 
-THIN = "buckets with fewer than 2 windows or questions (no real interval, so no trend drawn through them)"
+THIN = (
+    "buckets with fewer than 2 windows or questions (no real interval, so no trend drawn through them: the line "
+    "joins the neighbouring buckets directly)"
+)
 
 
 def _distance_axes(ax, columns: list[str], rows: list[dict], ratio: float) -> None:
-    counts = {c: {row[c].questions for row in rows if c in row} for c in columns}
-    ax.set_xticks(range(len(columns)), [f"{c}\nn={_span(counts[c])}" for c in columns], fontsize=8)
+    ax.set_xticks(range(len(columns)), [bucket_label(c, [row[c] for row in rows if c in row]) for c in columns],
+                  fontsize=8)  # fmt: skip
     ax.tick_params(axis="y", labelleft=True)  # sharey hides them on inner panels
-    ax.set_xlabel("tokens from a question's latest evidence to the span's end (n: questions)")
+    ax.set_xlabel("tokens from a question's latest evidence to the span's end\n(n: questions; win: windows)")
     ax.set_ylabel("retention (1 = full context)")
     ax.set_title(f"requested ratio {ratio_text(ratio)}×")
     ax.grid(alpha=0.3)
 
 
+def bucket_label(column: str, drawn: list) -> str:
+    """A bucket's tick label: its questions (n) and windows over the drawn variants' cells, † under FEW_WINDOWS."""
+    windows = {c.windows for c in drawn}
+    mark = "†" if windows and min(windows) < FEW_WINDOWS else ""
+    return f"{column}\nn={_span({c.questions for c in drawn})}, {_span(windows)} win{mark}"
+
+
 def _distance_line(ax, columns: list[str], row: dict, kind: dict, offset: float):
-    """One variant's retention per bucket with its intervals: solid lines between buckets of at least 2 windows and
-    questions, dotted ones into and out of a thinner bucket, whose marker is hollow; returns the legend's handle
+    """One variant's retention per bucket with its intervals: a line between the buckets of at least 2 windows and
+    questions, passing over a thinner bucket, whose marker is hollow and unconnected; returns the legend's handle
     and whether any bucket is thin."""
     from matplotlib.lines import Line2D  # optional dependency (vkv[plots])
 
@@ -488,10 +571,9 @@ def _distance_line(ax, columns: list[str], row: dict, kind: dict, offset: float)
         [x for x, _ in points], [c.mean for _, c in points], yerr=errors, capsize=3, **{**kind, "linestyle": "none"}
     )
     few = [min(c.windows, c.questions) < 2 for _, c in points]
-    for (x0, a), (x1, b), thin in zip(points, points[1:], [p or q for p, q in zip(few, few[1:])]):
-        line = ":" if thin else kind["linestyle"]
-        faint = {"linewidth": 1.0, "alpha": 0.6} if thin else {}  # a thin bucket's mean is no trend to follow
-        ax.plot([x0, x1], [a.mean, b.mean], color=kind["color"], linestyle=line, zorder=1.5, **faint)  # under markers
+    real = [point for point, f in zip(points, few) if not f]  # a thin bucket's mean is no trend to follow
+    for (x0, a), (x1, b) in zip(real, real[1:]):
+        ax.plot([x0, x1], [a.mean, b.mean], color=kind["color"], linestyle=kind["linestyle"], zorder=1.5)
     hollow = [(x, c.mean) for (x, c), f in zip(points, few) if f]
     if hollow:
         ax.plot(*zip(*hollow), linestyle="none", marker=kind["marker"], color=kind["color"], markerfacecolor="white",

@@ -13,13 +13,14 @@ from vkv.sweep.variants import SweepResults, groups, question_values, row_order
 
 def rows(results: SweepResults) -> list[dict[str, Any]]:
     """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
-    intervals for retention and choice accuracy from a bootstrap over windows."""
+    intervals for retention, choice and keyword accuracy from a bootstrap over windows."""
     out = []
     for (variant, _ratio), group in groups(results).items():
         pooled = aggregate([{**g["result"], "method": variant} for g in group], by_transcript=False)[0]
         losses = [g["result"]["optimisation"].get("best_loss") for g in group if g["result"].get("optimisation")]
         retention = window_bootstrap(question_values(group, "retention"))
         choice = window_bootstrap(question_values(group, "choice_correct"))
+        keyword = window_bootstrap(question_values(group, "keyword_correct"))
         out.append(
             {
                 **pooled,
@@ -30,6 +31,7 @@ def rows(results: SweepResults) -> list[dict[str, Any]]:
                 "seeds": len({g["seed"] for g in group}),
                 "retention_ci": (retention.low, retention.high) if retention else None,
                 "choice_ci": (choice.low, choice.high) if choice else None,
+                "keyword_ci": (keyword.low, keyword.high) if keyword else None,
                 "compress_seconds": mean(g["result"]["seconds"] for g in group),
                 "run_seconds": mean(g["wall_seconds"] for g in group),
                 "final_loss": mean(x for x in losses if x is not None),

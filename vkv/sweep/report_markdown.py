@@ -9,6 +9,7 @@ from vkv.sweep.table_cells import (
     COLUMNS,
     PAIRED_COLUMNS,
     breakdown_cells,
+    few_window_cells,
     few_windows,
     format_cell,
     paired_cells,
@@ -141,10 +142,7 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
             for r in table_rows
             if (r["variant"], r["ratio_requested"]) in cells
         ]
-        windows = [
-            (f"{v} {ratio or ''}".strip(), min(c.windows for c in row.values())) for (v, ratio), row in cells.items()
-        ]
-        caveat = few_windows(windows)
+        caveat = few_window_cells([(f"{v} {ratio or ''}".strip(), row) for (v, ratio), row in cells.items()], columns)
         out += ["", f"**{caveat}**"] if caveat else []
     return out
 
@@ -153,18 +151,20 @@ CAPTIONS = {
     PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nThe variants that are, at some requested "
     "ratio, among the 4 with the highest mean retention (and the `--vs` reference): the distance figure's rule, fewer "
     "where the palette's 8 colours would not cover them, so every drawn variant has its own colour and marker (long "
-    "labels by alias, keyed under the figure); the notes name every variant left out. On the ratio axes, ticked at "
-    "the ratios measured, a ratio's points are spread a little sideways so their bars stay apart (the notes give by "
-    "how much); on the memory axis, ticked at round MiB, each point sits at its measured bytes. Dashed: full "
-    "context; dotted: no context; bars: 95% window-bootstrap intervals (choice accuracy and retention); the legend "
+    "labels by alias, keyed under the figure); the notes name every variant left out. The ratio axes are ticked at "
+    "the ratios measured, the memory axis at round MiB; points whose measured x lie closer than a marker's width are "
+    "spread sideways, symmetrically and only as far as the markers need (the notes give by how much), each moved "
+    "point joined by a thin line to a short tick at its measured x. Dashed: full "
+    "context; dotted: no context; bars: 95% window-bootstrap intervals (every panel); the legend "
     "gives each variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left "
     "out.",
     PLOTS["distance"]: "## Retention against distance\n\nOne panel per requested ratio that several variants ran "
     "at, drawing the 4 variants with the highest mean retention there (and the `--vs` reference), nudged "
     "sideways within each bucket so bars do not overlap; the notes name every variant left out, for lower retention "
     "or because it was not run at that ratio. Dashed: full context; dotted: no context. Tick labels give each "
-    "bucket's questions (n); hollow markers, joined by dotted lines: buckets with fewer than 2 windows or questions, "
-    "too thin for an interval or a trend. Bars: 95% window-bootstrap intervals; the y axis spans the drawn bars. The "
+    "bucket's questions (n) and windows (win), † where fewer than 10; hollow, unconnected markers: buckets with fewer "
+    "than 2 windows or questions, too thin for an interval or a trend (the line joins the neighbouring buckets "
+    "directly). Bars: 95% window-bootstrap intervals; the y axis spans the drawn bars. The "
     "table above holds every variant.",
     PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
     "virtual tokens against their targets, mean over layers), per requested ratio the median over windows (counted "
@@ -176,7 +176,8 @@ CAPTIONS = {
     "ratio, binned (< 0.25, 0.25–0.5, 0.5–0.75, 0.75–0.9, ≥ 0.9) on a five-step cividis scale; white: not run. "
     "Columns: per ratio, the variants the distance figure's rule picks, grouped by ratio; the notes name the variants "
     "left out and those not run at a ratio; full and no context are retention's ends (1, 0) and are not drawn. Rows: "
-    "the questions where the columns differ most, as many as fit, ordered by mean retention, the first facts to "
+    "the questions where the columns differ most, as many as fit, ordered by mean retention with each cell clipped to "
+    "[0, 1] (the notes give the range and the share of cells outside it), the first facts to "
     "degrade at the bottom; the title's counts add up to every question asked: those drawn, those left out to fit "
     "and the weak ones (no retention).",
 }

@@ -57,6 +57,27 @@ def few_windows(items: list[tuple[str, int]]) -> str | None:
     )
 
 
+def few_window_cells(rows: list[tuple[str, dict[str, Cell]]], columns: list[str]) -> str | None:
+    """The caveat under a breakdown table: which of its cells (`rows`: a row's name, {column: Cell}) rest on fewer
+    than FEW_WINDOWS windows, column by column with their windows, rows of the same pattern named together."""
+    patterns: dict[tuple, list[str]] = {}
+    for what, row in rows:
+        few = tuple((c, row[c].windows) for c in columns if c in row and row[c].windows < FEW_WINDOWS)
+        if few:
+            patterns.setdefault(few, []).append(what)
+    if not patterns:
+        return None
+    groups = [
+        f"in {'every row' if len(names) == len(rows) else ', '.join(names)}: "
+        + ", ".join(f"{c} ({w} window{'s' if w != 1 else ''})" for c, w in few)
+        for few, names in patterns.items()
+    ]
+    return (
+        f"Caveat: these cells rest on fewer than {FEW_WINDOWS} windows, and a bootstrap over so few windows "
+        f"understates the uncertainty (over one window it is no interval at all): {'; '.join(groups)}."
+    )
+
+
 def row_windows(table_rows: list[dict]) -> list[tuple[str, int]]:
     return [
         (r["variant"] + (f" {r['ratio_requested']:g}×" if r["ratio_requested"] else ""), r.get("windows", 0))
