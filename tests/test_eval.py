@@ -310,6 +310,31 @@ def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evalu
     assert torch.allclose(turn_work.attention_between(keys, queries), expected, atol=1e-5)
 
 
+def test_turn_attention_weighs_a_biased_history_as_its_entries_count(evaluation):
+    """A history whose entries carry a bias of log 2 reads as one holding each entry twice: attention inside the turn
+    (the snapkv window's, per turn) adds the history's bias as the decoding cache does."""
+    import math
+
+    from vkv.compress.sequential import message_turns
+    from vkv.kv.segment import verbatim_segment
+    from vkv.kv.spliced import SplicedCache
+    from vkv.methods.work import TurnWork
+
+    work = evaluation.work
+    turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
+    own = verbatim_segment(work.kv.slice(0, turn.start), 0)
+    biased, doubled = SplicedCache(), SplicedCache()
+    biased.append(dataclasses.replace(own, bias=torch.full(own.keys.shape[:3], math.log(2))))
+    twice = [torch.cat([t, t], dim=2) for t in (own.keys, own.values)]
+    doubled.append(
+        dataclasses.replace(own, kind="compact", keys=twice[0], values=twice[1], positions=own.positions.repeat(2))
+    )
+    keys, queries = (turn.start, turn.end - 3), (turn.end - 3, turn.end)
+    got = TurnWork.on_cache(work, biased, turn).attention_between(keys, queries)
+    expected = TurnWork.on_cache(work, doubled, turn).attention_between(keys, queries)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
 def test_window_attention_runs_only_the_window_and_equals_the_full_forward(evaluation):
     from vkv.lm.attention import attention_to_span
 
@@ -320,8 +345,10 @@ def test_window_attention_runs_only_the_window_and_equals_the_full_forward(evalu
 
 
 def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
-    assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--per-turn"]) == 2
-    assert "method 'vkv' has no per-turn mode" in capsys.readouterr().err
+    assert (
+        main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "meanpool", "--per-turn"]) == 2
+    )
+    assert "method 'meanpool' has no per-turn mode" in capsys.readouterr().err
 
 
 def test_pooled_rows_give_the_memory_ratio_of_the_pooled_bytes(evaluation):

@@ -35,7 +35,10 @@ class HeadSplit:
     def of(cls, budget: int, share: float) -> HeadSplit:
         """`share` of `budget` verbatim, at least one entry virtual (a share of 0 keeps none verbatim)."""
         if budget < 2 and share > 0:
-            raise VkvError(f"field verbatim_share: a budget of {budget} entry per head cannot be split")
+            raise VkvError(
+                f"field verbatim_share: a budget of {budget} entry per head (a span this short at this ratio) cannot hold "
+                "both verbatim entries and a virtual token; lower the ratio or set verbatim_share 0"
+            )
         verbatim = min(round(share * budget), budget - 1)
         return cls(verbatim, budget - verbatim)
 

@@ -55,17 +55,22 @@ def attention_weights(
     query_positions: torch.Tensor,
     keys: list[torch.Tensor],
     key_positions: torch.Tensor,
+    key_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention `[layers, kv_heads, n_keys]` of pre-RoPE queries `[heads, nq, head_dim]` per layer (at
     `query_positions`) over post-RoPE keys `[kv_heads, n_keys, head_dim]` per layer (at `key_positions`), each
-    query seeing the keys at or before its position; averaged over queries and the heads sharing a KV head."""
+    query seeing the keys at or before its position; averaged over queries and the heads sharing a KV head.
+    `key_bias` `[layers, kv_heads, n_keys]`: what compressed entries add to every query's logit (−inf: a padding
+    slot), as the decoding cache adds it."""
     group = lm.spec.num_heads // lm.spec.num_kv_heads
     visible = key_positions[None, :] <= query_positions[:, None]  # [nq, n_keys]
     per_layer = []
-    for q, k in zip(queries, keys):
+    for layer, (q, k) in enumerate(zip(queries, keys)):
         q_rot = lm.rotate(q.float().to(lm.device), query_positions)  # [H, nq, D]
         k = k.float().to(lm.device).repeat_interleave(group, dim=0)
         scores = q_rot @ k.transpose(1, 2) / lm.spec.head_dim**0.5  # [H, nq, n_keys]
+        if key_bias is not None:
+            scores = scores + key_bias[layer].float().to(lm.device).repeat_interleave(group, dim=0)[:, None, :]
         scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
         probs = scores.softmax(-1).mean(1)  # [H, n_keys]
         per_layer.append(probs.reshape(lm.spec.num_kv_heads, group, -1).mean(1))

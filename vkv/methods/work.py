@@ -188,17 +188,15 @@ class TurnWork(SpanWork):
             raise ValueError(
                 f"attention inside a turn: [{qs}, {qe}) → [{ks}, {ke}) leaves the turn [{self.start}, {self.end})"
             )
-        if self.history.attention_bias() is not None:
-            raise VkvError(
-                "attention inside a turn on top of biased entries (per_turn after a method that stores biases, "
-                "e.g. mass=nearest or am) is not implemented"
-            )
         keys = [k[0] for k in self.history.kv().cat(self.kv).keys]
         positions = torch.cat(
             [s.positions for s in self.history.segments] + [torch.arange(self.start, self.end).float()]
         )
+        bias = self.history.attention_bias()  # the history's entries weigh what the decoding cache weighs them
+        if bias is not None:
+            bias = torch.cat([bias, torch.zeros(*bias.shape[:2], self.end - self.start)], dim=2)
         queries = [q[:, qs - self.start : qe - self.start] for q in self.acts.queries_pre_rope]
-        weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions)
+        weights = attention_weights(self.lm, queries, torch.arange(qs, qe).float(), keys, positions, bias)
         offset = self.history.physical_length
         return weights[:, :, offset + ks - self.start : offset + ke - self.start]
 
