@@ -70,5 +70,22 @@ def _texts(fig) -> str:
 
 
 def _markers(ax) -> list:
-    """A panel's data lines (not the grey references, the connectors or the measured-x ticks)."""
+    """A panel's data lines (not the grey references or the measured-x ticks)."""
     return [line for line in ax.lines if line.get_marker() not in (None, "None", "|", "_")]  # "_": error bar caps
+
+
+def keep_figures(monkeypatch) -> dict:
+    """Keep every figure saved open, by file name, for a test to read (the body of a `figures` fixture)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    saved, original = {}, Figure.savefig
+
+    def keep(fig, path, *args, **kwargs):
+        saved[str(path).rsplit("/", 1)[-1]] = fig
+        return original(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return saved

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.report_helpers import _cell, _markers, _texts, line
+from tests.report_helpers import _cell, _markers, _texts, keep_figures, line
 from vkv.errors import VkvError
 from vkv.sweep.breakdowns import breakdown, per_question
 from vkv.sweep.paired import paired
@@ -186,19 +186,7 @@ def test_distance_buckets_reach_past_four_thousand_tokens():
 @pytest.fixture
 def figures(monkeypatch):
     """The figures `vkv report` saves, by file name (kept open for inspection)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    saved, original = {}, Figure.savefig
-
-    def keep(fig, path, *args, **kwargs):
-        saved[str(path).rsplit("/", 1)[-1]] = fig
-        return original(fig, path, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
-    return saved
+    return keep_figures(monkeypatch)
 
 
 def test_plots_tick_the_measured_ratios_label_axes_and_name_their_intervals(sweep_dir, figures):
@@ -253,7 +241,8 @@ def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
 
 
 def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_names_the_rest(tmp_path, figures):
-    from vkv.sweep.plots import LEADING, aliases, draw_quality, methods, style
+    from vkv.sweep.plot_quality import draw_quality
+    from vkv.sweep.plots import LEADING, aliases, methods, style
 
     assert len({(style(i)["color"], style(i)["marker"]) for i in range(40)}) == 40
     table = [
@@ -284,7 +273,8 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
     assert any("Not drawn: keyword accuracy" in n for n in notes)
     told = " ".join(notes)
     assert "Left out: vkv-5, vkv-6, vkv-7, vkv-8, vkv-9, vkv-10, vkv-11;" in told  # every variant not drawn is named
-    assert "vkv-1 (12 windows)" in _texts(quality) and "a_setting" not in _texts(quality)
+    legend = [t.get_text() for t in blank[0].get_legend().get_texts()]
+    assert "vkv-1 (12 windows)" in legend and not any("a_setting" in t for t in legend)  # aliases, keyed in the notes
     assert "- `vkv-1`: vkv a_setting_with_a_long_name=00" in notes
     assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
 
@@ -292,7 +282,7 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
 def test_points_closer_than_a_marker_are_spread_symmetrically_and_minimally():
     import math
 
-    from vkv.sweep.plots import spread
+    from vkv.sweep.plot_quality import spread
 
     gap = 0.05
     same = spread([1.0] * 4, gap)  # four at one x: a gap apart, centred on it, in list order
@@ -305,45 +295,6 @@ def test_points_closer_than_a_marker_are_spread_symmetrically_and_minimally():
     chain = [0.0, 0.03, 0.06, 0.09]  # a run of close points keeps its order and at least the gap
     placed = [x + o for x, o in zip(chain, spread(chain, gap))]
     assert all(b - a >= gap * 0.999 for a, b in zip(placed, placed[1:])) and math.isclose(sum(placed) / 4, 0.045)
-
-
-def test_the_memory_axis_spreads_close_bytes_and_ticks_each_measured_value(tmp_path, figures):
-    import math
-
-    from vkv.sweep.plots import NOTE_SIZE, draw_quality, marker_gap, round_ticks
-
-    assert round_ticks([13.8, 95.0]) == [15, 20, 50, 100]  # 13.8 MiB would otherwise sit far left of the 20 tick
-    table = [
-        {"method": m, "variant": m, "ratio_requested": r, "ratio_achieved": r, "span_memory_kib": kib,
-         "keyword_accuracy": kw, "choice_accuracy": ret, "mean_retention": ret, "windows": 12,
-         "keyword_ci": (kw - 0.1, kw + 0.1)}
-        for m, r, kib, ret, kw in [("a", 3.2, 94722.0, 1.0, 0.3), ("b", 3.2, 93988.0, 0.8, 0.2),
-                                   ("a", 16.0, 18940.0, 0.9, 0.1), ("b", 16.0, 14131.0, 0.5, 0.0)]
-    ]  # fmt: skip
-    notes = draw_quality(table, tmp_path / "m.png", {})
-    fig = figures["m.png"]
-    memory = next(ax for ax in fig.axes if "MiB" in ax.get_xlabel())
-    drawn = {line.get_color(): sorted(line.get_xdata()) for line in _markers(memory)}
-    (a16, a3), (b16, b3) = drawn["#0072B2"], drawn["#E69F00"]
-    assert (a16, b16) == (18940.0, 14131.0)  # far apart: at their measured bytes
-    gap = marker_gap([row["span_memory_kib"] for row in table], "span_memory_kib")
-    assert math.log(a3 / b3) == pytest.approx(gap) and b3 < 93988.0 < 94722.0 < a3  # 0.8 % apart: spread, in order
-    assert math.sqrt(a3 * b3) == pytest.approx(math.sqrt(94722.0 * 93988.0))  # symmetrically about their midpoint
-    ticks = sorted(x for line in memory.lines if line.get_marker() == "|" for x in line.get_xdata())
-    assert ticks == [93988.0, 94722.0]  # the moved points' measured bytes, marked
-    scale = [t / 1024 for t in memory.get_xticks()]
-    low, high = memory.get_xlim()
-    assert all(low <= t * 1024 <= high for t in scale) and min(scale) <= 1.2 * 14131.0 / 1024  # both ends readable
-    ratio = next(ax for ax in fig.axes if ax.get_title() == "mean retention")
-    at = sorted(x for line in _markers(ratio) for x in line.get_xdata() if 3 < x < 3.4)
-    assert at[0] < 3.2 < at[-1] and math.log(at[-1] / at[0]) >= marker_gap([3.2, 16.0], "ratio_achieved") * 0.999
-    told = _texts(fig).replace("\n", " ")
-    assert "Sideways spread: points whose measured x lie closer than a marker's width" in told
-    assert "short vertical tick at its measured x" in told and "(every panel)" in told
-    keyword = next(ax for ax in fig.axes if ax.get_title() == "keyword accuracy")
-    assert all(c.has_yerr for c in keyword.containers)  # keyword accuracy has its interval too
-    (legend,) = fig.legends  # four panels, no blank cell: the legend under them, in the notes' type
-    assert {t.get_fontsize() for t in legend.get_texts()} == {NOTE_SIZE} and notes == []
 
 
 def test_the_yellow_gets_a_dark_marker_edge_and_crowded_figures_fit_the_palette():
@@ -465,8 +416,8 @@ def test_quality_points_are_nudged_sideways_and_laid_out_two_panels_a_row(sweep_
     ax = next(ax for ax in quality.axes if "achieved ratio" in ax.get_xlabel())
     at_two = sorted(x for line in _markers(ax) for x in line.get_xdata() if 1.8 < x < 2.2)
     assert len(at_two) == 3 and len(set(at_two)) == 3 and at_two[0] < 2.0 < at_two[-1]  # 3 methods run at 2×
-    ticks = [x for line in ax.lines if line.get_marker() == "|" for x in line.get_xdata() if 1.8 < x < 2.2]
-    assert ticks == [2.0, 2.0]  # the two moved points' measured ratio, marked (the middle one stays on it)
+    ticks = [x for line in ax.lines if line.get_gid() == "measured x" for x in line.get_xdata() if 1.8 < x < 2.2]
+    assert ticks == [2.0]  # the three points' measured ratio, marked once at the panel's foot
     keyword = next(ax for ax in quality.axes if ax.get_title() == "keyword accuracy")
     assert keyword.containers and all(c.has_yerr for c in keyword.containers)  # its window-bootstrap interval
     table = rows(load(sweep_dir))

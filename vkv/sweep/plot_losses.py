@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vkv.sweep.plots import _finish, _grid, alias_key, named_list, ratio_text, style, wrap_notes
+from vkv.sweep.plots import _finish, _grid, alias_key, alias_note, named_list, ratio_text, style, wrap_notes
 
 
 def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
@@ -57,7 +57,7 @@ def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[st
     fig.suptitle(wrap_notes([title], fig.get_figwidth(), size=10), fontsize=10)  # within the figure's width
     notes = _loss_notes(panels, gaps, ran, untraced - set(traced), names) + _coincide_notes(together, names)
     handles = {f"{ratio_text(r)}×": Line2D([], [], **styles[r]) for r in ratios}  # in ratio order
-    _finish(fig, path, notes, handles, title="requested ratio")
+    _finish(fig, path, notes + alias_note(names, set(traced) | untraced), handles, title="requested ratio")
     return ["", *notes] + alias_key(names, set(traced) | untraced)
 
 

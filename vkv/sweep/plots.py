@@ -2,13 +2,15 @@
 error bars named on the figure (95 % window-bootstrap intervals), every method drawn or named as missing (left
 out for a stated rule, or not run at a panel's ratio), colour-blind-safe colours (Okabe and Ito's palette; a crowded
 figure draws few enough variants, `leading`, that each has its own colour and marker), points on a measured axis
-moved sideways only where their markers would overlap (`spread`) and then tied to a tick at the measured value, short aliases for long method labels (keyed in report.md), ratios as a reader writes them (10.7×, not
-10.667×), legends in a blank grid cell or under the panels, notes under them, a two-colour scale only for yes/no
+moved sideways only where their markers would overlap (`spread`, in the variants' drawing order, as the distance
+panels nudge them), each measured x marked by a light-grey tick on the axis, short aliases for long method labels
+(keyed in each figure's notes and in report.md), the `--vs` reference marked in the legend, ratios as a reader
+writes them (10.7×, not 10.667×), legends in a blank grid cell or under the panels, notes under them, a two-colour scale only for yes/no
 data, and a caveat under 10 windows.
 
 This module holds what the figures share (styles, ticks, layout, which variants a crowded panel draws) and the
-quality and distance figures; the loss curves and the question heatmap have their own modules
-(vkv.sweep.plot_losses, vkv.sweep.plot_questions). Each `draw_*` writes one PNG and returns the markdown lines
+distance figure; the quality figure, the loss curves and the question heatmap have their own modules
+(vkv.sweep.plot_quality, vkv.sweep.plot_losses, vkv.sweep.plot_questions). Each `draw_*` writes one PNG and returns the markdown lines
 report.md prints under the figure (the alias key, what was left out), or None when there is nothing to draw.
 Needs matplotlib (pip install 'vkv[plots]'); `vkv.sweep.report.plots` checks that it is there.
 """
@@ -99,9 +101,7 @@ class Selection:
 
 def named_list(variants, names: dict[str, str]) -> list[str]:
     """The variants by alias in natural order (vkv-2 before vkv-10)."""
-    return sorted(
-        (names.get(v, v) for v in variants), key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t)]
-    )
+    return named_order(names.get(v, v) for v in variants)
 
 
 def _per_ratio(groups: dict[float, list[str]], names: dict[str, str]) -> str:
@@ -186,6 +186,18 @@ def alias_key(names: dict[str, str], used) -> list[str]:
     return ["", "Labels in this figure:", "", *key] if key else []
 
 
+def alias_note(names: dict[str, str], used) -> list[str]:
+    """The figure's own key to the aliases it shows (of the labels in `used`): "Aliases: am-1 = am bias=…; …", so
+    the PNG reads without report.md."""
+    key = [f"{a} = {v}" for a, v in sorted((names[v], v) for v in names if v in used) if a]
+    return [f"Aliases: {'; '.join(named_order(key))}."] if key else []
+
+
+def named_order(texts) -> list[str]:
+    """Texts in natural order (vkv-2 before vkv-10)."""
+    return sorted(texts, key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t)])
+
+
 def measured_ticks(values: list[float], closest: float = 0.12) -> list[float]:
     """Tick positions at the values measured (to 3 significant digits), dropping one of two that sit within
     `closest` of each other on a log axis."""
@@ -250,10 +262,12 @@ def _grid(count: int, width: float = 6.0, height: float = 4.6, **shared):
     return fig, list(axes.flat[:count])
 
 
-def window_label(variant: str, windows: int) -> str:
-    """A legend entry: the variant and how many windows its intervals rest on, marked † when fewer than FEW_WINDOWS."""
+def window_label(variant: str, windows: int, reference: bool = False) -> str:
+    """A legend entry: the variant (marked as the `--vs` reference where it is) and how many windows its intervals
+    rest on, marked † when fewer than FEW_WINDOWS."""
     mark = "†" if windows < FEW_WINDOWS else ""
-    return f"{variant} ({windows} window{'s' if windows != 1 else ''}){mark}"
+    role = "reference; " if reference else ""
+    return f"{variant} ({role}{windows} window{'s' if windows != 1 else ''}){mark}"
 
 
 def few_windows_note(windows: list[int]) -> list[str]:
@@ -296,197 +310,6 @@ def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, titl
     plt.close(fig)
 
 
-QUALITY_PANELS = (  # (y metric, its interval, x metric, title, y label)
-    (
-        "keyword_accuracy",
-        "keyword_ci",
-        "ratio_achieved",
-        "keyword accuracy",
-        "share of questions answered (keyword check)",
-    ),
-    ("choice_accuracy", "choice_ci", "ratio_achieved", "choice accuracy", "share of multiple-choice questions right"),
-    ("mean_retention", "retention_ci", "ratio_achieved", "mean retention", "retention (1 = full context)"),
-    ("mean_retention", "retention_ci", "span_memory_kib", "retention against memory", "retention (1 = full context)"),
-)
-MARKER_PT, AXIS_PT = 11.0, 360.0  # a marker and its caps with some air, and a panel's plotting width, in points
-
-
-def spread(xs: list[float], gap: float) -> list[float]:
-    """Sideways offsets (log-x units) that set points `gap` apart where their measured log x lie closer: each run of
-    points closer than `gap` to the next is spaced evenly, in the order of their x (ties in list order), about the
-    midpoint of its measured ends, no wider than it needs; points further apart stay at their measured x."""
-    order = sorted(range(len(xs)), key=lambda i: (xs[i], i))
-    at = {i: xs[i] for i in order}
-    for _ in range(len(xs)):  # runs only merge, so this settles
-        runs: list[list[int]] = []
-        for i in order:
-            if runs and at[i] - at[runs[-1][-1]] < gap * 0.999:
-                runs[-1].append(i)
-            else:
-                runs.append([i])
-        moved = False
-        for run in (r for r in runs if len(r) > 1):
-            lo, hi = xs[run[0]], xs[run[-1]]
-            step = max(gap, (hi - lo) / (len(run) - 1))
-            for j, i in enumerate(run):
-                new = (lo + hi) / 2 + nudge(j, len(run), step)
-                moved, at[i] = moved or abs(new - at[i]) > 1e-12, new
-        if not moved:
-            break
-    return [at[i] - xs[i] for i in range(len(xs))]
-
-
-def marker_gap(xs: list[float], x_key: str) -> float:
-    """The log-x distance of a marker's width (MARKER_PT) on a quality panel whose points lie at `xs`: the ratio
-    axes take matplotlib's 5 % margins, the memory axis its round ticks and 8 % beyond them."""
-    if x_key == "ratio_achieved":
-        span = 1.1 * math.log(max(xs) / min(xs))
-    else:
-        ends = xs + _memory_ticks(xs)
-        span = math.log(max(ends) / min(ends)) + 2 * math.log(1.08)
-    return MARKER_PT / AXIS_PT * max(span, 0.5)
-
-
-def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], reference=None) -> list[str] | None:
-    """Quality against the achieved ratio (keyword, choice accuracy, retention) and retention against the span's bytes
-    in memory, for the variants `leading` draws at some ratio (the distance figure's rule; each in its own colour and
-    marker, the rest named), intervals as error bars, at most 2 panels a row. Points closer than a marker's width
-    on a panel are spread sideways (`spread`), each moved one joined by a thin line to a tick at its measured x.
-    A panel whose values hardly vary across methods is left out and named."""
-    picked = leading(table_rows, reference)
-    variants = methods(table_rows, reference)  # the index into every figure's styles
-    drawn = [v for v in variants if v in picked.union()]
-    curves = {v: [r for r in table_rows if r["variant"] == v and r["ratio_achieved"]] for v in drawn}
-    if not any(curves.values()):
-        return None
-    panels, dropped = _quality_panels(curves)
-    if not panels:
-        return None
-    fig, axes = _grid(len(panels))
-    handles: dict = {}
-    moved: dict[str, tuple[float, float]] = {}  # x metric: (its widest marker gap, the largest offset)
-    for ax, panel in zip(axes, panels):
-        offsets, gap = _offsets(curves, drawn, panel)
-        was = moved.get(panel[2], (0.0, 0.0))
-        moved[panel[2]] = (max(was[0], gap), max([was[1], *map(abs, offsets.values())]))
-        for variant in drawn:
-            handles.update(_quality_curve(ax, curves[variant], panel, offsets, style(variants.index(variant)), names))
-        for ref, line in zip(REFERENCES, ("--", ":")):
-            values = [r[panel[0]] for r in table_rows if r["method"] == ref and r[panel[0]] is not None]
-            if values:
-                name = "full context" if ref == "full" else "no context"
-                handles[name] = ax.axhline(values[0], color="grey", linestyle=line, label=name)
-        _quality_axes(ax, [p[panel[2]] for pts in curves.values() for p in pts if p.get(panel[2])], panel[2])
-        ax.set_title(panel[3])
-        ax.set_ylabel(panel[4])
-        ends = [v for pts in curves.values() for p in pts for v in (p[panel[0]], *(p.get(panel[1]) or ()))
-                if v is not None]  # fmt: skip
-        ax.set_ylim(min([0.0, *ends]) - 0.05, max([1.0, *ends]) + 0.05)  # error bars included
-        ax.grid(alpha=0.3)
-    rest = [v for v in variants if v not in drawn]
-    notes, md = _quality_notes(panels, dropped, picked, rest, moved, names)
-    _finish(fig, path, notes + few_windows_note([r.get("windows", 0) for pts in curves.values() for r in pts]), handles)
-    return md + alias_key(names, variants)
-
-
-def _offsets(curves: dict[str, list[dict]], drawn: list[str], panel: tuple) -> tuple[dict[int, float], float]:
-    """{id(point): its sideways offset in log-x units} on one panel (`spread`, ties in drawing order), and the gap
-    kept between markers."""
-    key, _, x_key = panel[:3]
-    points = [p for v in drawn for p in curves[v] if p.get(x_key) and p[key] is not None]
-    if not points:
-        return {}, 0.0
-    gap = marker_gap([p[x_key] for p in points], x_key)
-    return {id(p): o for p, o in zip(points, spread([math.log(p[x_key]) for p in points], gap))}, gap
-
-
-X_NAMES = {"ratio_achieved": "its achieved ratio", "span_memory_kib": "its bytes in memory"}
-
-
-def _quality_panels(curves: dict[str, list[dict]]) -> tuple[list[tuple], list[str]]:
-    """The QUALITY_PANELS whose values vary across the drawn methods by more than FLAT, and the others in words."""
-    panels, dropped = [], []
-    for panel in QUALITY_PANELS:
-        values = [p[panel[0]] for pts in curves.values() for p in pts if p[panel[0]] is not None and p.get(panel[2])]
-        if not any(p.get(panel[2]) for pts in curves.values() for p in pts):
-            dropped.append(f"{panel[3]} (no run recorded {X_NAMES[panel[2]]})")
-        elif values and max(values) - min(values) > FLAT:
-            panels.append(panel)
-        elif panel[3] not in dropped:
-            spread = f"between {min(values):.3f} and {max(values):.3f}" if values else "not recorded"
-            dropped.append(f"{panel[3]} (every method {spread})")
-    return panels, dropped
-
-
-def _quality_curve(ax, points: list[dict], panel: tuple, offsets: dict, kind: dict, names: dict[str, str]) -> dict:
-    """One variant's points in one quality panel, each `offsets[id(point)]` log units sideways, a moved one joined by
-    a thin line to a short tick at its measured x; returns {legend label: handle}."""
-    key, interval, x_key = panel[:3]
-    pts = sorted((p for p in points if p.get(x_key) and p[key] is not None), key=lambda r: r[x_key])
-    if not pts:
-        return {}
-    errors = None
-    if interval and all(p.get(interval) for p in pts):
-        errors = [[p[key] - p[interval][0] for p in pts], [p[interval][1] - p[key] for p in pts]]
-    variant = pts[0]["variant"]
-    label = window_label(names.get(variant, variant), min(p.get("windows", 0) for p in pts))
-    xs = [p[x_key] * math.exp(offsets.get(id(p), 0.0)) for p in pts]
-    handle = ax.errorbar(xs, [p[key] for p in pts], yerr=errors, capsize=3, label=label, **kind)
-    for p, x in zip(pts, xs):
-        if x != p[x_key]:  # the measured x: a tick, and a line to where the point is drawn
-            ax.plot([p[x_key], x], [p[key]] * 2, color=kind["color"], linewidth=0.8, zorder=1.5)
-            ax.plot([p[x_key]], [p[key]], linestyle="none", marker="|", markersize=9, markeredgewidth=1.5,
-                    color=kind.get("markeredgecolor", kind["color"]), zorder=3.5)  # fmt: skip
-    return {label: handle}
-
-
-AXIS_NAMES = {"ratio_achieved": "ratio axes", "span_memory_kib": "memory axis"}
-
-
-def _quality_notes(panels, dropped, picked: Selection, rest: list[str], moved: dict, names) -> tuple[list, list]:
-    """The figure's notes and report.md's lines under it: intervals, the sideways spread, the drawing rule with the
-    variants it left out, the flat panels."""
-    notes = [f"{INTERVALS} (every panel)."]
-    spread_at = {k: v for k, v in moved.items() if v[1] > 0}
-    if spread_at:
-        gaps = ", ".join(f"{math.exp(g) - 1:.1%} on the {AXIS_NAMES[k]}" for k, (g, _) in spread_at.items())
-        most = ", ".join(f"±{math.exp(o) - 1:.1%} on the {AXIS_NAMES[k]}" for k, (_, o) in spread_at.items())
-        notes.append(
-            f"Sideways spread: points whose measured x lie closer than a marker's width ({gaps}) are spread apart, "
-            f"symmetrically about their midpoint and only as far as the markers need (at most {most}); a thin line "
-            "joins each moved point to a short vertical tick at its measured x. Other points sit at their measured x."
-        )
-    told = []
-    if rest:
-        told.append(
-            f"Drawn: every variant that is, at some requested ratio, among {picked.rule(names)} (the distance "
-            f"figure's rule), so each has its own colour. Left out: "
-            f"{', '.join(named_list(rest, names))}; report.md's tables hold every variant."
-        )
-    if dropped:
-        told.append(f"Not drawn: {'; '.join(dropped)}; a spread under {FLAT} cannot tell the methods apart.")
-    return notes + told, ([""] + told if told else [])
-
-
-def _memory_ticks(xs: list[float]) -> list[float]:
-    """The memory axis's ticks (KiB recorded) at round MiB."""
-    return [t * 1024 for t in round_ticks([x / 1024 for x in xs])]
-
-
-def _quality_axes(ax, xs: list[float], x_key: str) -> None:
-    ax.set_xscale("log")
-    if x_key == "ratio_achieved":  # every method's ratios measured: few distinct ones
-        set_log_ticks(ax.xaxis, measured_ticks(xs), lambda x: f"{x:g}×")
-        ax.set_xlabel("achieved ratio (span tokens per entry; log scale)")
-    else:  # bytes differ by method at one ratio: round MiB (KiB recorded) rather than some methods' values
-        ticks = _memory_ticks(xs)
-        set_log_ticks(ax.xaxis, ticks, lambda x: f"{x / 1024:g}")
-        ax.set_xlim(min(xs + ticks) / 1.08, max(xs + ticks) * 1.08)  # every tick shown, the points inside
-        ax.set_xlabel("span MiB in memory per window (decoding cache; log scale)")
-    if len(ax.get_xticks()) > 6:
-        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
-
-
 def draw_distance(
     columns: list[str], cells: dict, table_rows: list[dict], path: Path, names: dict[str, str], reference=None
 ) -> list[str] | None:
@@ -507,7 +330,7 @@ def draw_distance(
     handles, thin = {}, False
     for ax, (ratio, drawn) in zip(axes, picked.drawn.items()):
         step = min(0.15, 0.7 / len(drawn))  # sideways offset between methods (a marker's width), within a slot
-        for rank, variant in enumerate(drawn):
+        for rank, variant in enumerate(sorted(drawn, key=variants.index)):  # every figure's order, left to right
             kind = style(variants.index(variant))
             handles[variant], hollow = _distance_line(
                 ax, columns, cells[(variant, ratio)], kind, nudge(rank, len(drawn), step)
@@ -530,10 +353,11 @@ def draw_distance(
     lines += [f"Hollow markers, not joined: {THIN}."] if thin else []
     lines += few_windows_note([windows[(v, r)] for r, drawn in picked.drawn.items() for v in drawn])
     fewest = {v: min(w for (variant, _), w in windows.items() if variant == v) for v in handles if v in variants}
-    legend = {window_label(names.get(v, v), fewest[v]): handles[v] for v in variants if v in fewest}
+    legend = {window_label(names.get(v, v), fewest[v], v == reference): handles[v] for v in variants if v in fewest}
     legend.update({k: handles[k] for k in ("full context", "no context")})
-    _finish(fig, path, lines, legend)
-    return ([""] + told if told else []) + alias_key(names, picked.named() | {v for v, _ in unrecorded})
+    used = picked.named() | {v for v, _ in unrecorded}
+    _finish(fig, path, lines + alias_note(names, used), legend)
+    return ([""] + told if told else []) + alias_key(names, used)
 
 
 THIN = (

@@ -153,8 +153,10 @@ CAPTIONS = {
     "where the palette's 8 colours would not cover them, so every drawn variant has its own colour and marker (long "
     "labels by alias, keyed under the figure); the notes name every variant left out. The ratio axes are ticked at "
     "the ratios measured, the memory axis at round MiB; points whose measured x lie closer than a marker's width are "
-    "spread sideways, symmetrically and only as far as the markers need (the notes give by how much), each moved "
-    "point joined by a thin line to a short tick at its measured x. Dashed: full "
+    "spread sideways in the legend's order, symmetrically and only as far as the markers need (the notes give by "
+    "how much), a light-grey tick at the foot of each panel marking every point's measured x; the memory axis draws "
+    "smaller markers moved at most 1.5 %, as methods at one ratio hold nearly the same bytes (the notes say how "
+    "near). The `--vs` reference is marked in the legend. Dashed: full "
     "context; dotted: no context; bars: 95% window-bootstrap intervals (every panel); the legend "
     "gives each variant's windows, † where fewer than 10. A panel whose values span under 0.05 across methods is left "
     "out.",

@@ -29,14 +29,14 @@ def plots(
         import matplotlib.pyplot as plt  # noqa: F401
     except ImportError:
         return {}
-    from vkv.sweep import plot_losses, plot_questions
+    from vkv.sweep import plot_losses, plot_quality, plot_questions
     from vkv.sweep import plots as draw
 
     out.mkdir(parents=True, exist_ok=True)
     names = draw.aliases(draw.methods(table_rows))  # one alias per long label, the same in every figure
     distances = breakdown(results, "distance_tokens")
     drawn = {
-        "quality": lambda path: draw.draw_quality(table_rows, path, names, reference),
+        "quality": lambda path: plot_quality.draw_quality(table_rows, path, names, reference),
         "distance": lambda path: draw.draw_distance(*distances, table_rows, path, names, reference),
         "loss": lambda path: plot_losses.draw_losses(results.lines, path, names),
         "heatmap": lambda path: plot_questions.draw_heatmap(results.lines, table_rows, path, names, reference),
