@@ -404,3 +404,21 @@ def test_a_windowed_sweep_cache_records_its_window_and_answers_questions(tmp_pat
     assert (
         main(["ask", str(cache), "--quant", "fp32", "--question", "Which test runner?", "--max-new-tokens", "3"]) == 0
     )
+
+
+PER_TURN = "[defaults]\nmodel = 'm'\nquant = 'fp32'\ntranscripts = ['MINI']\nratios = [3.2]\ntarget_source = 'online'\n"
+
+
+def test_vkv_per_turn_plans_the_run_ids_of_its_older_name_sequential(tmp_path):
+    new = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = [false, true] }\n", "new.toml")
+    old = write_toml(tmp_path, PER_TURN + "methods = ['vkv', 'sequential']\n", "old.toml")
+    ids = [[(r.point["method"], r.id) for r in plan(load_experiment(p), "cpu")] for p in (new, old)]
+    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "sequential"]
+    scalar = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = true }\n", "scalar.toml")
+    assert [r.id for r in plan(load_experiment(scalar), "cpu")] == [ids[1][1][1]]
+
+
+def test_vkv_per_turn_takes_true_or_false(tmp_path):
+    path = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = 'yes' }\n")
+    with pytest.raises(VkvError, match="field vkv.per_turn: expected true or false, got 'yes'"):
+        expand(load_experiment(path))

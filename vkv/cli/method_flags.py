@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.methods import METHODS
+from vkv.methods import METHODS, PER_TURN_VKV, registered_name
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat
 
 
@@ -36,7 +36,6 @@ def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
     return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
 
 
-PER_TURN_VKV = "sequential"  # the registry's name of vkv per turn (--method vkv --per-turn)
 TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
 
 
@@ -119,9 +118,7 @@ def method_class(name: str, args: argparse.Namespace) -> type:
     if name not in METHODS or name == PER_TURN_VKV:
         names = ", ".join(n for n in METHODS if n != PER_TURN_VKV)
         raise VkvError(f"--method: unknown method '{name}'; choose from {names}")
-    if name == "vkv" and getattr(args, "per_turn", None):
-        return METHODS[PER_TURN_VKV]
-    return METHODS[name]
+    return METHODS[registered_name(name, getattr(args, "per_turn", None))]
 
 
 def _per_turn(cls) -> bool:

@@ -42,6 +42,15 @@ METHODS: dict[str, type[Method]] = {
     )
 }
 
+# vkv per turn (vkv with per_turn) is a method of its own, registered and hashed into run ids under its earlier name
+# so that stored runs keep their ids; the command line and sweep files spell it vkv with per_turn
+PER_TURN_VKV = Sequential.name
+
+
+def registered_name(name: str, per_turn: bool | None) -> str:
+    """The registry's name of method `name` run with `per_turn`."""
+    return PER_TURN_VKV if name == "vkv" and per_turn else name
+
 
 def get_method(name: str, **options) -> Method:
     if name not in METHODS:
@@ -50,4 +59,4 @@ def get_method(name: str, **options) -> Method:
     return cls(**{k: v for k, v in options.items() if k in cls.option_names()})
 
 
-__all__ = ["METHODS", "Method", "SpanWork", "get_method"]
+__all__ = ["METHODS", "PER_TURN_VKV", "Method", "SpanWork", "get_method", "registered_name"]

@@ -18,6 +18,7 @@ An experiment file (every value may be a scalar or a list; a list is an axis of 
     ratios = [2.0, 3.2]
     pooling = ["uniform", "surprisal"]  # CompressConfig and OptimConfig fields: positions, target, steps, lr, ...
     snapkv = { window = 32 }            # options of one method, under its name (hybrid.fraction, ...)
+    vkv = { per_turn = true }           # vkv per turn: the method older files name sequential (same run ids)
 
 Options a method does not take are dropped from its runs (so `pooling` does not multiply `truncate` runs)
 and identical runs are kept once. A run's id is a hash of everything that decides its result: model,

@@ -20,7 +20,7 @@ from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.io import check_depth, read_input_text
 from vkv.lm.load import QUANTS
-from vkv.methods import METHODS, get_method
+from vkv.methods import METHODS, get_method, registered_name
 from vkv.settings import Setting, check_value, flat_settings, from_flat
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
@@ -195,7 +195,7 @@ def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
     for key in point:
         _renamed(where, key)
-    name = point["method"]
+    name = _per_turn_vkv(point, where)
     if name not in METHODS:
         raise VkvError(f"{where}: field methods: unknown method '{name}'; choose from {', '.join(METHODS)}")
     cls = METHODS[name]
@@ -231,6 +231,16 @@ def _relevant(point: dict, where: str) -> dict:
                 raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
             out[key] = value
     return out
+
+
+def _per_turn_vkv(point: dict, where: str) -> str:
+    """The registry's name of the point's method, taking `vkv = { per_turn = true }` off the point: vkv per turn is
+    the method registered as `sequential` (the name older files use, read as it is), so both spellings make the same
+    point and thus the same run id."""
+    per_turn = point.pop("vkv.per_turn", None) if point["method"] == "vkv" else None
+    if per_turn is not None and not isinstance(per_turn, bool):
+        raise VkvError(f"{where}: field vkv.per_turn: expected true or false, got {per_turn!r}")
+    return registered_name(point["method"], per_turn)
 
 
 def _ratio(value, where: str) -> float | None:
