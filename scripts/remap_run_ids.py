@@ -1,13 +1,13 @@
 """Give the finished runs of a sweep directory the ids today's code gives them, so that a sweep resumes them instead
 of running them again after a change of how a method's settings are spelled (not of what they do).
 
-Each run's recorded grid point is read in today's spelling (`head_share` → `head_budget`, `all` → `shared`;
-`sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and settings), its
-method is rebuilt with today's code and its identity's config replaced by the method's config now; the id is the
-hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a setting it
-recorded has another value today (a changed default changes what the run would do), or when a setting added since
-resolves to anything but its declared default (a default that depends on the rest of the recipe, such as vkv's
-virtual_offset beside a verbatim share, is a behaviour the old code did not have).
+Each run's recorded grid point is read in today's spelling by vkv.upgrade.grid_point (`head_share` → `head_budget`,
+`all` → `shared`; `sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and
+settings), its method is rebuilt with today's code and its identity's config replaced by the method's config now; the
+id is the hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a
+setting it recorded has another value today (a changed default changes what the run would do), or when a setting
+added since resolves to anything but its declared default (a default that depends on the rest of the recipe, such as
+vkv's virtual_offset beside a verbatim share, is a behaviour the old code did not have).
 
     python scripts/remap_run_ids.py runs/benchmark            # show what would change
     python scripts/remap_run_ids.py runs/benchmark --write    # rewrite results*.jsonl in place (atomically)
@@ -26,33 +26,15 @@ from vkv.io import write_text_atomic
 from vkv.methods import METHODS
 from vkv.sweep.grid import build_method
 from vkv.sweep.plan import identity_hash
-
-
-def upgraded_point(point: dict) -> dict:
-    """A grid point as an earlier version recorded it, in today's keys."""
-    point = dict(point)
-    if "head_share" in point:
-        share = point.pop("head_share")
-        point["head_budget"] = "shared" if share == "all" else share
-    if "sequential.targets" in point:
-        point["target_source"] = point.pop("sequential.targets")
-    for old, switch, prefix in (
-        ("sequential.hybrid", "keep_verbatim", "verbatim_"),
-        ("sequential.auto_ratio", "auto_ratio", ""),
-    ):
-        table = point.pop(old, None)
-        if table is not None:
-            point[switch] = True
-            point.update({prefix + k: v for k, v in table.items()})
-    return point
+from vkv.upgrade import grid_point
 
 
 def remapped(record: dict) -> dict:
     """The record with today's point, config and id (the result is untouched)."""
-    point = upgraded_point(record["run"])
+    point = grid_point(record["run"])
     identity = {**record["identity"], "config": build_method(point).config()}
     identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
-    before, now = upgraded_point(record["identity"]["config"]), identity["config"]
+    before, now = grid_point(record["identity"]["config"]), identity["config"]
     changed = sorted(k for k in before if k not in now or now[k] != before[k])
     if changed:
         raise VkvError(

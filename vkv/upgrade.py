@@ -1,6 +1,8 @@
 """What earlier versions spelled otherwise, in one place. Saved files (recipes in cache headers, sessions, `--json`
 outputs) are rewritten into today's spelling as they load, with the meaning they had then, so old files keep
-loading; a renamed flag is refused in one sentence naming today's, since a command line is typed again, not stored.
+loading; a renamed flag is refused in one sentence naming today's, since a command line is typed again, not stored,
+and so is a renamed key of an experiment file (an edit of the file fixes it for good), while the grid points its
+finished runs recorded are read in today's keys (`grid_point`), so that their ids can be remapped, not rerun.
 
 Pure dictionary and string work: every layer may import it."""
 
@@ -68,3 +70,31 @@ def multiturn(d: dict[str, Any] | None) -> dict[str, Any]:
         d.pop(ran, None)  # recorded beside the recipe in cache headers: not a setting
     d["compress"] = recipe(d.get("compress", {}))
     return d
+
+
+RENAMED_SWEEP_KEYS = {  # experiment-file keys earlier versions read, and what says the same today
+    "head_share": "head_budget (its value all is now shared)",
+    "sequential.targets": "the top-level key target_source",
+    "sequential.hybrid": "the top-level keys keep_verbatim = true and verbatim_fraction, verbatim_keep_by, …",
+    "sequential.auto_ratio": "the top-level keys auto_ratio = true, max_loss and ladder",
+}
+
+
+def grid_point(point: dict[str, Any]) -> dict[str, Any]:
+    """A grid point (or a run's recorded config) as an earlier version recorded it, in today's keys: the keys of
+    RENAMED_SWEEP_KEYS with the meaning they had then."""
+    point = dict(point)
+    if "head_share" in point:
+        share = point.pop("head_share")
+        point["head_budget"] = "shared" if share == "all" else share
+    if "sequential.targets" in point:
+        point["target_source"] = point.pop("sequential.targets")
+    for old, switch, prefix in (
+        ("sequential.hybrid", "keep_verbatim", "verbatim_"),
+        ("sequential.auto_ratio", "auto_ratio", ""),
+    ):
+        table = point.pop(old, None)
+        if table is not None:
+            point[switch] = True
+            point.update({prefix + k: v for k, v in table.items()})
+    return point

@@ -22,6 +22,7 @@ from vkv.io import check_depth, read_input_text
 from vkv.lm.load import QUANTS
 from vkv.methods import METHODS, get_method, registered_name
 from vkv.settings import Setting, check_value, flat_settings, from_flat
+from vkv.upgrade import RENAMED_SWEEP_KEYS
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
 AXIS_NAMES = {"transcripts": "transcript", "methods": "method", "ratios": "ratio", "seeds": "seed"}
@@ -36,17 +37,9 @@ def recipe_settings(recipe_class: type | None = None) -> dict[str, Setting]:
     return {s.key: s for s in flat_settings(recipe_class or MultiTurnConfig) if s.key != "seed"}
 
 
-RENAMED = {  # keys earlier versions read, and what says the same today
-    "head_share": "head_budget (its value all is now shared)",
-    "sequential.targets": "the top-level key target_source",
-    "sequential.hybrid": "the top-level keys keep_verbatim = true and verbatim_fraction, verbatim_keep_by, …",
-    "sequential.auto_ratio": "the top-level keys auto_ratio = true, max_loss and ladder",
-}
-
-
 def _renamed(where: str, key: str) -> None:
-    if key in RENAMED:
-        raise VkvError(f"{where}: key '{key}' was renamed; use {RENAMED[key]}")
+    if key in RENAMED_SWEEP_KEYS:
+        raise VkvError(f"{where}: key '{key}' was renamed; use {RENAMED_SWEEP_KEYS[key]}")
 
 
 def eval_keys() -> dict[str, Any]:
