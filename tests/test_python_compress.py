@@ -13,6 +13,7 @@ from tests.conftest import FIXTURES, build_tiny
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress_api import _kv_method
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import METHODS, get_method
@@ -78,11 +79,12 @@ def answer_logprob(model, cache, prompt: list[int], choice: list[int]) -> float:
 def test_every_kv_method_scores_through_the_plain_model_as_vkv_eval_scores_it(evaluation, transcript, name):
     model, tokenizer = evaluation.lm.model, evaluation.lm.tokenizer
     options = cheap_options(name)
+    asked = {"method": "vkv", "per_turn": True} if name == "sequential" else {"method": name}  # vkv per turn
     if issubclass(METHODS[name], TextMethod):
         with pytest.raises(VkvError, match="prunes the messages' text.*kvzip"):
-            vkv.compress(model, tokenizer, transcript, method=name, ratio=RATIO, **options)
+            vkv.compress(model, tokenizer, transcript, **asked, ratio=RATIO, **options)
         return
-    cache = vkv.compress(model, tokenizer, transcript, method=name, ratio=RATIO, **options)
+    cache = vkv.compress(model, tokenizer, transcript, **asked, ratio=RATIO, **options)
     assert isinstance(cache, vkv.RaggedCache)
     assert cache.get_seq_length() == len(evaluation.rendered.ids)  # the conversation's logical length
     expected = evaluation.evaluate(get_method(name, **options), RATIO)
@@ -100,6 +102,18 @@ def test_options_a_method_lacks_are_refused_naming_its_options(tiny_llama, trans
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="knorm", steps=3)
     with pytest.raises(VkvError, match="unknown method 'zip'; vkv.compress supports full, none"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="zip")
+
+
+def test_vkv_per_turn_is_the_turn_by_turn_method_and_its_registry_name_is_refused(tiny_llama, transcript):
+    per_turn = _kv_method("vkv", {"per_turn": True, "recipe": FAST})
+    assert per_turn.name == "sequential" and per_turn.recipe == MultiTurnConfig(FAST)
+    assert _kv_method("vkv", {"per_turn": False}).name == "vkv"
+    with pytest.raises(VkvError, match=r"^method 'sequential' was renamed: .* method=\"vkv\", per_turn=True$"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="sequential")
+    with pytest.raises(VkvError, match="method 'vkv' has no option steps; its options are recipe, per_turn"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", steps=3)
+    with pytest.raises(VkvError, match="field per_turn: expected True or False, got 'yes'"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", per_turn="yes")
 
 
 CONVERSATION = [

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from vkv.compress.budget import span_budget
+from vkv.compress.config import CompressConfig
+from vkv.compress.sequential import MultiTurnConfig
 from vkv.compress.session import is_turn_range
 from vkv.errors import VkvError
 from vkv.evals.runner import span_work
@@ -28,7 +30,7 @@ from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
-from vkv.methods import METHODS, get_method
+from vkv.methods import METHODS, PER_TURN_VKV, get_method, registered_name
 from vkv.methods.base import Method, TextMethod
 from vkv.text.transcript import Transcript, parse_transcript, render
 
@@ -46,14 +48,15 @@ def compress(
     **options: Any,
 ) -> RaggedCache:
     """Compress messages [first, last) of a conversation (`turns`; default every message after the leading system
-    message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
-    transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
-    optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
-    dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`). Returns the decoding cache on the
-    model's device and in its dtype, of `get_seq_length()` = the conversation's rendered length.
+        message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
+        transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
+        optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
+        dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`; `method="vkv", per_turn=True`
+    compresses each message on its own on the running cache, as `--method vkv --per-turn`). Returns the decoding cache on the
+        model's device and in its dtype, of `get_seq_length()` = the conversation's rendered length.
 
-    The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
-    mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
+        The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
+        mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
     if turns is not None and not is_turn_range(turns):
         raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
@@ -120,10 +123,24 @@ def frozen(model, tokenizer) -> FrozenLM:
 
 
 def _kv_method(name: str, options: dict[str, Any]):
-    """The registered KV method `name` with `options`, refusing text methods and options it does not have."""
-    supported = ", ".join(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod))
+    """The registered KV method `name` with `options`, refusing text methods and options it does not have. vkv with
+    `per_turn=True` is vkv per turn, as on the command line (a `recipe` CompressConfig becomes its per-message
+    recipe); its registry name `sequential` is refused as `--method sequential` is."""
+    supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod) and n != PER_TURN_VKV)
+    if name == PER_TURN_VKV:
+        raise VkvError(
+            f"method '{name}' was renamed: vkv compressing each message on its own is method=\"vkv\", per_turn=True"
+        )
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; vkv.compress supports {supported}")
+    asked, taken = name, ("per_turn",) if name == "vkv" else ()  # vkv's per_turn picks the method: no field of it
+    if name == "vkv":
+        per_turn = options.pop("per_turn", False)
+        if not isinstance(per_turn, bool):
+            raise VkvError(f"field per_turn: expected True or False, got {per_turn!r}")
+        name = registered_name(name, per_turn)
+        if per_turn and isinstance(options.get("recipe"), CompressConfig):
+            options["recipe"] = MultiTurnConfig(options["recipe"])
     cls = METHODS[name]
     if issubclass(cls, TextMethod):
         raise VkvError(
@@ -133,8 +150,8 @@ def _kv_method(name: str, options: dict[str, Any]):
     unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
         raise VkvError(
-            f"method '{name}' has no option {', '.join(unknown)}; its options are "
-            f"{', '.join(cls.option_names()) or 'none'}"
+            f"method '{asked}' has no option {', '.join(unknown)}; its options are "
+            f"{', '.join((*cls.option_names(), *taken)) or 'none'}"
         )
     return get_method(name, **options)
 

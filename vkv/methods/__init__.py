@@ -43,7 +43,7 @@ METHODS: dict[str, type[Method]] = {
 }
 
 # vkv per turn (vkv with per_turn) is a method of its own, registered and hashed into run ids under its earlier name
-# so that stored runs keep their ids; the command line and sweep files spell it vkv with per_turn
+# so that stored runs keep their ids; the command line, sweep files and vkv.compress spell it vkv with per_turn
 PER_TURN_VKV = Sequential.name
 
 
