@@ -112,3 +112,86 @@ def test_every_figure_with_aliases_keys_them_in_its_own_notes(tmp_path, figures)
     for png in ("q.png", "d.png", "l.png", "h.png"):
         told = " ".join(t.get_text() for t in figures[png].texts).replace("\n", " ")
         assert f"Aliases: vkv-1 = {LONG}0; vkv-2 = {LONG}1." in told, png
+
+
+def _heatmap_lines(values_by_variant):
+    lines, table = [], []
+    for variant, values in values_by_variant.items():
+        x = line(variant, "m", 2.0, [True] * len(values))
+        x["variant"] = variant
+        for q, value in zip(x["result"]["questions"], values):
+            q["retention"] = value
+        lines.append(x)
+        table.append({"method": "m", "variant": variant, "ratio_requested": 2.0, "mean_retention": sum(values)})
+    return lines, table
+
+
+def _marks(fig, gid):
+    return [c for ax in fig.axes for c in ax.collections if c.get_gid() == gid]
+
+
+def test_the_heatmap_marks_every_cell_outside_zero_to_one_and_counts_them(tmp_path, figures):
+    from vkv.sweep.plot_questions import ABOVE, BELOW, MARK_GIDS, draw_heatmap
+
+    values = {"a": (5.46, -0.9, 0.5, 1.05), "b": (0.95, 1.2, -0.1, 0.1)}  # 1.05: within noise of 1, not marked
+    lines, table = _heatmap_lines(values)
+    notes = draw_heatmap(lines, table, tmp_path / "h.png", {})
+    fig = figures["h.png"]
+    cells = [v for row in values.values() for v in row]
+    above, below = sum(v > ABOVE for v in cells), sum(v < BELOW for v in cells)
+    assert (above, below) == (2, 2)
+    for gid, count, colour in ((MARK_GIDS["above"], above, (0, 0, 0, 1)), (MARK_GIDS["below"], below, (1, 1, 1, 1))):
+        (marks,) = _marks(fig, gid)  # one scatter per kind, one point per cell
+        assert len(marks.get_offsets()) == count
+        assert all(tuple(c) == colour for c in marks.get_facecolors() if len(c))  # black on light, white on dark
+    placed = {tuple(p) for gid in MARK_GIDS.values() for p in _marks(fig, gid)[0].get_offsets()}
+    assert len(placed) == 4 and all(x % 1 == 0.5 and y % 1 == 0.5 for x, y in placed)  # each at its cell's centre
+    legend = _texts(fig)
+    assert f"> {ABOVE:g} (2 cells)" in legend and "< 0 (2 cells)" in legend
+    told = " ".join(notes)
+    assert "2 cells above 1.1 carry a black dot" in told and "2 cells below 0 carry a white ×" in told
+
+
+def test_the_heatmap_has_no_marks_or_keys_for_them_when_every_cell_is_in_range(tmp_path, figures):
+    from vkv.sweep.plot_questions import MARK_GIDS, draw_heatmap
+
+    lines, table = _heatmap_lines({"a": (0.0, 1.1, 0.5, 0.2), "b": (0.9, 1.0, 0.3, 0.1)})  # the thresholds: unmarked
+    notes = draw_heatmap(lines, table, tmp_path / "h.png", {})
+    fig = figures["h.png"]
+    assert not any(_marks(fig, gid) for gid in MARK_GIDS.values())
+    assert "carry a" not in " ".join(notes) and "cells)" not in _texts(fig)
+
+
+def test_the_heatmap_y_label_names_what_its_rows_show(tmp_path, figures):
+    from vkv.sweep.plot_questions import draw_heatmap, row_label
+
+    lines, table = _heatmap_lines({"a": (0.9, 0.2), "b": (0.5, 0.1)})  # one window, the whole of transcript t
+    draw_heatmap(lines, table, tmp_path / "h.png", {})
+    (ax,) = figures["h.png"].axes
+    rows = [t.get_text() for t in ax.get_yticklabels()]
+    assert rows and all("@" not in r and r.startswith("t / q") for r in rows)
+    assert ax.get_ylabel() == "question (transcript / id)"
+    assert row_label(["t@turns1-9 / q0", "t@turns10-19 / q0"]) == "question (transcript@window / id)"
+    assert "where it has several" in row_label(["t@turns1-9 / q0", "u / q0"])
+
+
+def test_the_quality_notes_say_compressed_variants_and_what_retention_above_one_means(tmp_path, figures):
+    from vkv.sweep.plot_quality import ABOVE_ONE, draw_quality
+
+    rows = [("a", 2.0, 100.0, 1.3, 0.02), ("b", 2.0, 90.0, 0.6, 0.027), ("a", 4.0, 50.0, 0.9, 0.0)]
+    table = _table(rows) + [{"method": "full", "variant": "full", "ratio_requested": None, "ratio_achieved": None,
+                             "keyword_accuracy": 0.034, "choice_accuracy": 1.0, "mean_retention": 1.0}]  # fmt: skip
+    draw_quality(table, tmp_path / "q.png", {})
+    told = _texts(figures["q.png"]).replace("\n", " ")
+    assert "keyword accuracy (every compressed variant between 0.000 and 0.027)" in told
+    assert "every method" not in told and ABOVE_ONE in told
+    draw_quality(_table([(v, r, k, min(ret, 1.0), kw) for v, r, k, ret, kw in rows]), tmp_path / "q1.png", {})
+    assert ABOVE_ONE not in _texts(figures["q1.png"]).replace("\n", " ")  # only where a mean lies above 1
+
+
+def test_the_distance_caption_says_its_y_axis_holds_the_reference_lines():
+    from vkv.sweep.report_markdown import CAPTIONS
+    from vkv.sweep.report_plots import PLOTS
+
+    caption = CAPTIONS[PLOTS["distance"]]
+    assert "the y axis spans the bars and the full- and no-context lines" in caption and "drawn bars" not in caption

@@ -131,6 +131,10 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], refe
     notes, md = _quality_notes(panels, dropped, picked, rest, moved, names)
     notes += _memory_note(curves, moved.get(MEMORY, (0.0, 0.0))[1]) if any(p[2] == MEMORY for p in panels) else []
     notes += few_windows_note([r.get("windows", 0) for pts in curves.values() for r in pts])
+    if any(p[0] == "mean_retention" for p in panels) and any(
+        (r.get("mean_retention") or 0) > 1 for pts in curves.values() for r in pts
+    ):
+        notes.append(ABOVE_ONE)
     _finish(fig, path, notes + alias_note(names, variants), handles)
     return md + alias_key(names, variants)
 
@@ -158,6 +162,7 @@ def _measured_marks(ax, xs: list[float]) -> None:
                 marker="|", markersize=8, markeredgewidth=1.2, color=MEASURED, gid=MEASURED_GID, zorder=1)  # fmt: skip
 
 
+ABOVE_ONE = "Mean retention above 1: the compressed context gave the correct choice more probability than the full one."
 X_NAMES = {"ratio_achieved": "its achieved ratio", MEMORY: "its bytes in memory"}
 
 
@@ -172,7 +177,7 @@ def _quality_panels(curves: dict[str, list[dict]]) -> tuple[list[tuple], list[st
             panels.append(panel)
         elif panel[3] not in dropped:
             between = f"between {min(values):.3f} and {max(values):.3f}" if values else "not recorded"
-            dropped.append(f"{panel[3]} (every method {between})")
+            dropped.append(f"{panel[3]} (every compressed variant {between})")
     return panels, dropped
 
 

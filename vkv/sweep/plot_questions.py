@@ -21,6 +21,11 @@ BIN_LABELS = ("< 0.25", "0.25–0.5", "0.5–0.75", "0.75–0.9", "≥ 0.9")
 ROW_INCH, FRAME_INCH, MAX_HEIGHT = 0.18, 2.5, 14.0  # per question row, title and labels, the figure's most
 MAX_ROWS = int((MAX_HEIGHT - FRAME_INCH) / ROW_INCH)  # questions that fit
 CELL_INCH, LABELS_INCH, MAX_WIDTH = 0.32, 4.5, 12.0  # per column, question labels and legend margin, the most
+# Cells past these are marked, since the open end bins draw them like 0.95 or 0.10. Above 1.1, not 1: a question's
+# retention is noisy, and a little over 1 is the full context's own value within noise; below 0, no tolerance: the
+# compressed context then backs the reference answer less than no context at all.
+ABOVE, BELOW = 1.1, 0.0
+MARK_GIDS = {"above": "retention above 1.1", "below": "retention below 0"}  # the marks' artists, for tests
 
 
 def question_retention(lines: list[dict]) -> dict[tuple[str, float], dict[str, float]]:
@@ -71,8 +76,10 @@ def draw_heatmap(
     width = min(MAX_WIDTH, LABELS_INCH + CELL_INCH * len(columns))
     fig, ax = plt.subplots(figsize=(width, FRAME_INCH + ROW_INCH * len(keep)))
     handles = _cells(ax, binned[keep], columns, names)
-    ax.set_yticks(np.arange(len(keep)) + 0.5, [_question(questions, i) for i in keep], fontsize=7)
-    ax.set_ylabel("question (window / id)")
+    marked = _out_of_range(ax, data[keep], handles)
+    labels = [_question(questions, i) for i in keep]
+    ax.set_yticks(np.arange(len(keep)) + 0.5, labels, fontsize=7)
+    ax.set_ylabel(row_label(labels))
     extra = [f"{len(questions) - len(keep)} left out to fit"] if len(keep) < len(questions) else []
     extra += [f"{weak} weak, with no retention, not drawn"] if weak else []
     count = f"the {len(keep)} of {len(questions) + weak} questions where these columns differ most"
@@ -80,7 +87,7 @@ def draw_heatmap(
     title = (f"retention per question, binned: {count}. Rows by mean retention clipped to [0, 1] over the columns, "
              "the first facts to degrade at the bottom")  # fmt: skip
     fig.suptitle(wrap_notes([title], width, size=9), fontsize=9)  # over the figure, so it widens nothing
-    notes = [range_note(data[keep]), *_heatmap_notes(len(questions) - len(keep), weak, picked, names)]
+    notes = [range_note(data[keep]), *marked, *_heatmap_notes(len(questions) - len(keep), weak, picked, names)]
     key = alias_note(names, picked.named())
     _finish(fig, path, notes + key, handles, title="retention (1 = full context; 0 = no context)", ncol=len(handles))
     return ["", *notes] + alias_key(names, picked.named())
@@ -96,6 +103,42 @@ def range_note(data: np.ndarray) -> str:
     share = f"{outside:.0%} of the drawn cells lie outside [0, 1]" if outside else "every drawn cell lies within [0, 1]"
     return (f"Per-question retention: {share}, from {low} to {high}; the end bins (<\u00a00.25, ≥\u00a00.9) are open, and "
             "rows are ordered by their mean with each cell clipped to [0, 1].")  # fmt: skip
+
+
+def row_label(labels: list[str]) -> str:
+    """The y label, naming what the rows show: the transcript alone where a window is its whole session."""
+    if not any("@" in label for label in labels):
+        return "question (transcript / id)"
+    if all("@" in label for label in labels):
+        return "question (transcript@window / id)"
+    return "question (transcript[@window, where it has several] / id)"
+
+
+def _out_of_range(ax, data: np.ndarray, handles: dict) -> list[str]:
+    """Mark cells above ABOVE with a black dot (they lie in the light top bin) and below BELOW with a white × (the
+    dark bottom bin), one scatter per kind (gid MARK_GIDS); adds their legend handles, with counts, and returns the
+    note."""
+    from matplotlib.lines import Line2D
+
+    rows, cols = np.indices(data.shape)
+    kinds = (
+        ("above", data > ABOVE, "o", "black", f"> {ABOVE:g}",
+         f"above {ABOVE:g} carry a black dot (the compressed context backs the reference answer more than the full one)"),
+        ("below", data < BELOW, "x", "white", f"< {BELOW:g}",
+         f"below {BELOW:g} carry a white × (it backs the reference answer less than no context)"),
+    )  # fmt: skip
+    told = []
+    for kind, hit, marker, colour, label, meaning in kinds:  # NaN compares False: cells not run are never marked
+        if hit.any():
+            ax.scatter(cols[hit] + 0.5, rows[hit] + 0.5, s=10, marker=marker, color=colour, linewidths=1.0,
+                       gid=MARK_GIDS[kind], zorder=3)  # fmt: skip
+            cells = f"{hit.sum()} cell{'s' if hit.sum() != 1 else ''}"
+            handles[f"{label} ({cells})"] = Line2D([], [], marker=marker, linestyle="none", color="black",
+                                                       markeredgewidth=1.0, markersize=4)  # fmt: skip
+            told.append(f"{cells} {meaning}")
+    if not told:
+        return []
+    return [f"Marked, as the open end bins draw them like 0.95 or 0.10: {'; '.join(told)}."]
 
 
 def _cells(ax, binned: np.ndarray, columns: list[tuple[str, float]], names: dict[str, str]) -> dict:

@@ -166,7 +166,7 @@ CAPTIONS = {
     "or because it was not run at that ratio. Dashed: full context; dotted: no context. Tick labels give each "
     "bucket's questions (n) and windows (win), † where fewer than 10; hollow, unconnected markers: buckets with fewer "
     "than 2 windows or questions, too thin for an interval or a trend (the line joins the neighbouring buckets "
-    "directly). Bars: 95% window-bootstrap intervals; the y axis spans the drawn bars. The "
+    "directly). Bars: 95% window-bootstrap intervals; the y axis spans the bars and the full- and no-context lines. The "
     "table above holds every variant.",
     PLOTS["loss"]: "## Optimisation loss curves\n\nThe optimiser's loss per step (the recipe's `optim.loss` of the "
     "virtual tokens against their targets, mean over layers), per requested ratio the median over windows (counted "
@@ -179,7 +179,8 @@ CAPTIONS = {
     "Columns: per ratio, the variants the distance figure's rule picks, grouped by ratio; the notes name the variants "
     "left out and those not run at a ratio; full and no context are retention's ends (1, 0) and are not drawn. Rows: "
     "the questions where the columns differ most, as many as fit, ordered by mean retention with each cell clipped to "
-    "[0, 1] (the notes give the range and the share of cells outside it), the first facts to "
+    "[0, 1] (the notes give the range and the share of cells outside it; a black dot marks a cell above 1.1, a white "
+    "× one below 0, counted in the legend), the first facts to "
     "degrade at the bottom; the title's counts add up to every question asked: those drawn, those left out to fit "
     "and the weak ones (no retention).",
 }
