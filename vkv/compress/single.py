@@ -84,7 +84,9 @@ def virtual_segment(
     built = time.perf_counter()
     result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
-    if teacher is None and (config.distill.validate().steps or (split.verbatim and span_kv is None)):
+    if teacher is None and (
+        config.distill.validate().steps or (split.verbatim and span_kv is None and verbatim is None)
+    ):
         _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
         teacher = KVPrefix.from_cache(cache)
     if split.verbatim:
