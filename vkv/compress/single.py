@@ -76,8 +76,7 @@ def virtual_segment(
     )
     positions = problem.positions
     if split.verbatim:  # each head's share does not depend on the embeddings: known before any stage tunes them
-        kept = None if verbatim is None else verbatim.kept
-        rule, proportional = config.head_budget, config.proportional_attention
+        rule, proportional, kept = config.head_budget, config.proportional_attention, verbatim and verbatim.kept
         own, virtual = head_hybrid_bias(
             token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
         )
