@@ -63,6 +63,9 @@ def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir,
         _read_until(fd, seen, b"you> ")  # answered, and kept
         os.write(fd, b"List every file the agent touched, in detail.\n")
         _read_until(fd, seen, b"in detail.\r\n")  # the line taken; the answer starts (or has ended)
+        # wait for the answer's first output: on a loaded machine a Ctrl-C written the moment the line is echoed was
+        # lost (it neither stopped the answer nor reached the prompt), as if line editing still held the terminal
+        _read_until(fd, seen, b"", marks=tuple(bytes([c]) for c in range(256)))
         os.write(fd, b"\x03")  # Ctrl-C: stops the answer, or clears the prompt's line if it has ended
         # an answer that ends first prints its prompt before the Ctrl-C lands: wait for what the Ctrl-C prints
         marks = (b"answer stopped", b"Ctrl-D or /quit leaves")
