@@ -4,6 +4,7 @@ Ctrl-D leaves cleanly, offering to save the unsaved exchange. Also the loop guar
 import os
 import pty
 import select
+import signal
 import sys
 import time
 
@@ -54,6 +55,10 @@ def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir,
     argv += ["--quant", "fp32", "--max-new-tokens", "24"]
     pid, fd = pty.fork()
     if pid == 0:  # the child: chat on the pseudo-terminal
+        # as a shell starts it: SIGINT handled and unblocked. Both are inherited through exec, and a test process
+        # that ignores or blocks SIGINT (as the test runner may, after earlier tests) would make the Ctrl-C vanish
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         os.environ.update(VKV_HOME=str(home), OMP_NUM_THREADS="1", VKV_DEBUG="0")
         os.execv(sys.executable, argv)
     seen = bytearray()
