@@ -42,8 +42,9 @@ class EvalSettings:
     batch: int = setting(
         16,
         "questions scored side by side on one context, packed into one sequence after it (the context is shared, "
-        "never copied): more is faster until the device is busy, and holds more tokens' logits at once",
-        minimum=1,
+        "never copied): more is faster until the device is busy, and holds more tokens' logits at once; 0: each "
+        "question alone, every choice in its own forward (the reference the side-by-side scoring is checked against)",
+        minimum=0,
     )
     seed: int = setting(0, cli=False, minimum=0)  # the run's seed (the optimiser's --seed), recorded with the result
 
@@ -130,13 +131,13 @@ class TranscriptEval:
         self, spliced: SplicedCache, questions: list[PreparedQuestion] | None = None, alone: bool = False
     ) -> tuple[list[Measurement], dict[str, Any]]:
         """Each question scored on the cache, and what the cache holds in memory for the span. The questions are
-        scored `settings.batch` at a time side by side; `alone`: one sequence at a time instead (`Context.score_alone`,
-        the reference the batched scoring is checked and timed against)."""
+        scored `settings.batch` at a time side by side; `alone` (or a batch of 0): one sequence at a time instead
+        (`Context.score_alone`, the reference the batched scoring is checked and timed against)."""
         context = Context(self.lm, spliced)
         memory = self.memory(context.cache.span_nbytes(self.start, self.end), context.cache.nbytes)
         questions = questions or self.questions
         new_tokens = self.settings.max_new_tokens
-        if alone:
+        if alone or not self.settings.batch:
             scored = [context.score_alone(pq.prompt, pq.choices, new_tokens) for pq in questions]
         else:
             scored = []

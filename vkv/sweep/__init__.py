@@ -42,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from vkv.errors import VkvError
+from vkv.evals.runner import EvalSettings
 from vkv.progress import make_progress, status
 from vkv.settings import check_ranges, setting
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
@@ -81,6 +82,12 @@ class SweepConfig:
         None,
         "CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
         minimum=1,
+    )
+    batch: int = setting(
+        EvalSettings.batch,
+        "questions scored side by side on one context (0: each alone); the speed changes, not a run's numbers beyond "
+        "float rounding, so it is recorded with each run but is no part of its id",
+        minimum=0,
     )
     dry_run: bool = setting(False, "list the runs this shard would do, then stop")
 
@@ -129,7 +136,7 @@ def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
         torch.set_num_threads(config.threads)
     results = ResultsFile(out / results_name(*shard))
     errors = out / results_name(*shard).replace("results", "errors")
-    ctx = SweepContext(experiment, out, shard, device, config.attn, config.save_caches, git_revision())
+    ctx = SweepContext(experiment, out, shard, device, config.attn, config.save_caches, git_revision(), config.batch)
     try:
         with make_progress() as progress:
             failures = execute(ctx, pending, results, console, progress, lambda f: _log_failure(errors, f))

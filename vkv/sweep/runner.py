@@ -72,6 +72,7 @@ class SweepContext:
     attn: str
     save_caches: bool
     git: dict
+    batch: int  # questions scored side by side (0: each alone): no part of a run's identity
 
 
 def execute(
@@ -125,7 +126,7 @@ def _load(model: str, quant: str, ctx: SweepContext, console):
 def _references(lm, run: Run, ctx: SweepContext, progress, failures: list) -> SweepEval | None:
     task = progress.add_task(f"{run.unit.label}: full and none references", total=None, loss="")
     try:
-        settings = EvalSettings(**run.identity["eval"], seed=run.point["seed"])
+        settings = EvalSettings(**run.identity["eval"], seed=run.point["seed"], batch=ctx.batch)
         started = time.perf_counter()
         evaluation = SweepEval(lm, run.unit.transcript, run.unit.turns, settings)
         evaluation.keep_spliced = ctx.save_caches
@@ -187,6 +188,7 @@ def _one_run(ctx: SweepContext, lm, evaluation, run: Run, results: ResultsFile, 
         "peak_memory_kind": "cuda-max-allocated" if lm.device.type == "cuda" else "process-max-rss",
         "device": str(lm.device),
         "threads": torch.get_num_threads(),
+        "batch": ctx.batch,
         "torch": torch.__version__,
         "host": platform.node(),
         "shard": f"{ctx.shard[0]}/{ctx.shard[1]}",
