@@ -94,6 +94,10 @@ def test_measure_in_batches_of_any_size_equals_one_at_a_time(tiny_llama):
             assert other.answer == one.answer
             assert other.choice_logprobs == pytest.approx(one.choice_logprobs, abs=TOLERANCE)
             torch.testing.assert_close(other.fidelity_logp, one.fidelity_logp, atol=TOLERANCE, rtol=0)
+    evaluation.settings.batch = 0  # each question alone: the reference itself, number for number
+    exact, _ = evaluation.measure(spliced)
+    assert [(m.answer, m.choice_logprobs) for m in exact] == [(m.answer, m.choice_logprobs) for m in alone]
+    assert all(torch.equal(m.fidelity_logp, a.fidelity_logp) for m, a in zip(exact, alone))
 
 
 @pytest.fixture(scope="module")

@@ -395,7 +395,10 @@ def test_a_windowed_sweep_cache_records_its_window_and_answers_questions(tmp_pat
         "[[grid]]\nmethods = ['truncate']\nratios = [2]\n",
     )
     out = tmp_path / "out"
-    assert main(["sweep", str(config), "--out", str(out), "--save-caches", "--device", "cpu", "--threads", "1"]) == 0
+    flags = ["--save-caches", "--device", "cpu", "--threads", "1", "--batch", "0"]  # each question alone
+    assert main(["sweep", str(config), "--out", str(out), *flags]) == 0
+    (line,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+    assert line["batch"] == 0 and line["run_id"] == plan(load_experiment(config), "cpu")[0].id  # no part of the id
     (cache,) = (out / "caches").glob("*.safetensors")
     recorded = read_header(cache)["transcript"]
     first, last = recorded["window"]  # the messages the window was cut from, as `vkv compress --window` records
@@ -416,6 +419,17 @@ def test_vkv_per_turn_plans_the_run_ids_of_its_older_name_sequential(tmp_path):
     assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "sequential"]
     scalar = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = true }\n", "scalar.toml")
     assert [r.id for r in plan(load_experiment(scalar), "cpu")] == [ids[1][1][1]]
+
+
+def test_vkv_keeping_verbatim_tokens_plans_the_run_ids_of_its_older_name_hybrid(tmp_path):
+    base = PER_TURN.replace("target_source = 'online'\n", "")
+    new = write_toml(tmp_path, base + "methods = ['vkv']\nvkv = { keep_verbatim = [false, true] }\n", "new.toml")
+    old = write_toml(tmp_path, base + "methods = ['vkv', 'hybrid']\n", "old.toml")
+    ids = [[(r.point["method"], r.id) for r in plan(load_experiment(p), "cpu")] for p in (new, old)]
+    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "hybrid"]
+    both = write_toml(tmp_path, base + "methods = ['vkv']\nvkv = { per_turn = true, keep_verbatim = true }\n", "b.toml")
+    older = write_toml(tmp_path, base + "methods = ['sequential']\nkeep_verbatim = true\n", "older.toml")
+    assert [r.id for r in plan(load_experiment(both), "cpu")] == [r.id for r in plan(load_experiment(older), "cpu")]
 
 
 def test_vkv_per_turn_takes_true_or_false(tmp_path):
