@@ -48,10 +48,12 @@ step() {
 step "compress" python3 -m vkv.cli compress $T $M --window 1024 --ratio 3.2 --steps 2 --out "$W/a.safetensors"
 step "inspect" python3 -m vkv.cli inspect "$W/a.safetensors"
 step "ask" python3 -m vkv.cli ask "$W/a.safetensors" $M --question "Which library hashes passwords?" --answer-prefix "It uses"
-step "compress per turn" python3 -m vkv.cli compress $T $M --window 560 --sequential --ratio 3.2 --steps 2 --out "$W/s.safetensors"
+step "compress per turn" python3 -m vkv.cli compress $T $M --window 560 --per-turn --ratio 3.2 --steps 2 --out "$W/s.safetensors"
 step "compress bf16, offset" python3 -m vkv.cli compress $T --model "$W/tiny" --quant bf16 --window 1024 --ratio 8 --steps 2 --virtual-offset -2 --out "$W/b.safetensors"
 step "eval every method" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 \
-  --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,kvopt,hybrid,sequential,reuse
+  --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,kvopt,reuse
+step "eval vkv per turn" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv,am --per-turn
+step "eval vkv keep-verbatim" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv --keep-verbatim
 step "sweep" python3 -m vkv.cli sweep "$W/sweep.toml" --out "$W/sweep"
 step "report" python3 -m vkv.cli report "$W/sweep" --vs kvzip
 rm -rf "$W"

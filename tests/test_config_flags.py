@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from vkv.backends.lamr.cli import CorpusCommandConfig, TrainCommandConfig
-from vkv.cli import build_parser
+from vkv.cli import build_parser, main
 from vkv.cli.ask import AskConfig
 from vkv.cli.chat import ChatConfig
 from vkv.cli.compress import CompressCommand
@@ -180,3 +180,21 @@ def test_every_method_option_is_a_flag_of_eval_and_a_sweep_key_with_its_default(
         (tmp_path / "set.toml").write_text(head + f"{name} = {{ {f.name} = {json.dumps(f.default)} }}\n")
         (point,) = expand(load_experiment(tmp_path / "set.toml"))
         assert build_method(point).config() == build_method(plain).config(), f"{name}.{f.name}"
+
+
+def test_a_declared_upper_bound_is_held_alike_by_flags_files_and_python(capsys):
+    """`below` (a fraction in [0, 1)) is a declared range like `minimum`: one sentence from the command line, from
+    a config built in Python, and for each number of a comma list."""
+    from vkv.compress.hybrid import HybridConfig
+    from vkv.compress.optimise import OptimConfig
+    from vkv.errors import VkvError
+
+    with pytest.raises(VkvError, match=r"field betas: must be a finite number in \[0, 1\), got 1.0"):
+        OptimConfig(betas=(0.9, 1.0)).validate()
+    with pytest.raises(VkvError, match=r"field max_share: must be a finite number in \[0, 1\), got 1.0"):
+        HybridConfig(max_share=1.0).validate()
+    assert HybridConfig(max_share=0.99).validate().max_share == 0.99
+    assert main(["eval", "t.json", "--method", "vkv", "--keep-verbatim", "--verbatim-fraction", "1"]) == 2
+    assert "must be a finite number in [0, 1), got 1.0" in capsys.readouterr().err
+    assert main(["eval", "t.json", "--method", "vkv", "--betas", "0.9,1.5"]) == 2
+    assert "--betas: must be a finite number in [0, 1), got 1.5" in capsys.readouterr().err

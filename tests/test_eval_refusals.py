@@ -43,3 +43,28 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
     assert "--ratio: 4.0 listed twice" in capsys.readouterr().err
     assert main(["eval", mini, *model, "--method", "kvzip", "--ratio", "3.2,,4"]) == 2
     assert "--ratio: an empty item in '3.2,,4'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "refusal"),
+    [
+        (
+            ["--method", "kvzip,vkv", "--auto-ratio"],
+            "--auto-ratio: none of the methods kvzip, vkv takes it (it needs --per-turn)",
+        ),
+        (["--method", "vkv", "--target-source", "online"], "--target-source: none of the methods vkv takes it"),
+        (
+            ["--method", "vkv", "--verbatim-fraction", "0.2"],
+            "--verbatim-fraction: none of the methods vkv takes it (it needs --keep-verbatim)",
+        ),
+    ],
+)
+def test_a_multi_turn_flag_no_method_takes_is_refused_before_the_model_loads(flags, refusal, capsys):
+    assert main(["eval", str(FIXTURES / "mini-agent.json"), "--model", "smollm2-135m", *flags]) == 2
+    assert refusal in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_verbatim_settings_go_to_vkv_keeping_verbatim_tokens(tmp_path, capsys):
+    argv = ["eval", str(tmp_path / "missing.json"), "--model", "smollm2-135m", "--method", "vkv"]
+    assert main([*argv, "--keep-verbatim", "--verbatim-fraction", "0.2"]) == 2
+    assert "missing.json" in capsys.readouterr().err  # refused later, for the transcript it cannot read

@@ -441,7 +441,10 @@ def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_sa
             {"verbatim_share": 0.5, "share_scores": "readout"},
             "field verbatim_share: each head's verbatim entries are chosen by the reconstruction",
         ),
-        ({"verbatim_share": 1.0, "share_scores": "reconstruction"}, "field verbatim_share: must be a fraction"),
+        (
+            {"verbatim_share": 1.0, "share_scores": "reconstruction"},
+            r"field verbatim_share: must be a finite number in \[0, 1\), got 1.0",
+        ),
         (
             {"verbatim_share": 0.5, "share_scores": "reconstruction", "fit_bias": True},
             "field verbatim_share: fit_bias is not implemented beside verbatim entries",

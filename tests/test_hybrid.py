@@ -133,8 +133,24 @@ def test_short_turn_rule_caps_the_verbatim_share_and_warns(evaluation):
 def test_bad_hybrid_settings_are_clear_errors(evaluation):
     with pytest.raises(VkvError, match="field keep_by: unknown value"):
         HybridConfig(keep_by="attention").validate()
-    with pytest.raises(VkvError, match="fraction"):
+    with pytest.raises(VkvError, match=r"field fraction: must be a finite number in \[0, 1\), got 1.5"):
         HybridConfig(fraction=1.5).validate()
     post_rope = CompressConfig(target="kv-post-rope", optim=OptimConfig(steps=1))
     with pytest.raises(VkvError, match="kv-post-rope"):
         get_method("hybrid", recipe=post_rope).compress(evaluation.work, 3.2)
+
+
+def test_vkv_eval_with_keep_verbatim_runs_per_turn_verbatim_and_names_it_so(mini_transcript_path, tmp_path, capsys):
+    """`--method vkv --keep-verbatim` is the per-turn verbatim method end to end: its kept tokens are in the result's
+    segment stats, its verbatim settings reach it, and the tables name it as the command line spells it."""
+    import json
+
+    from vkv.cli import main
+
+    out = tmp_path / "eval.json"
+    argv = ["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--keep-verbatim"]
+    flags = ["--verbatim-fraction", "0.1", "--steps", "1", "--ratio", "3", "--max-new-tokens", "2", "--json", str(out)]
+    assert main([*argv, *flags]) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["method"] == "hybrid" and result["config"]["verbatim"]["fraction"] == 0.1
+    assert "vkv keep-verbatim" in capsys.readouterr().out

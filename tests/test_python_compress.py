@@ -116,6 +116,17 @@ def test_vkv_per_turn_is_the_turn_by_turn_method_and_its_registry_name_is_refuse
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", per_turn="yes")
 
 
+def test_vkv_keeping_verbatim_tokens_is_the_hybrid_method_and_its_registry_name_is_refused(tiny_llama, transcript):
+    keep = _kv_method("vkv", {"keep_verbatim": True, "recipe": FAST})
+    assert keep.name == "hybrid" and keep.recipe == FAST
+    per_turn = _kv_method("vkv", {"per_turn": True, "keep_verbatim": True, "recipe": FAST})
+    assert per_turn.name == "sequential" and per_turn.recipe == MultiTurnConfig(FAST, keep_verbatim=True)
+    with pytest.raises(VkvError, match=r"^method 'hybrid' was renamed: .* method=\"vkv\", keep_verbatim=True$"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="hybrid")
+    with pytest.raises(VkvError, match="field keep_verbatim: expected True or False, got 1"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", keep_verbatim=1)
+
+
 CONVERSATION = [
     {"role": "system", "content": "You are a coding agent."},
     {"role": "user", "content": "Which library hashes the passwords in this project?"},

@@ -22,6 +22,7 @@ from vkv.methods import METHODS
         (["compress", "t.json", "--sequential", "--out", "c.safetensors"], "--per-turn"),
         (["eval", "t.json", "--method", "full,sequential"], "--method vkv --per-turn"),
         (["compress", "t.json", "--method=sequential", "--out", "c.safetensors"], "--method vkv --per-turn"),
+        (["eval", "t.json", "--method", "vkv,hybrid"], "--method vkv --keep-verbatim"),
     ],
 )
 def test_a_renamed_flag_is_refused_naming_the_new_one(argv, named, capsys):
@@ -42,6 +43,16 @@ def test_vkv_per_turn_is_the_turn_by_turn_method_and_its_old_name_is_no_method()
     assert method_class("am", per_turn) is METHODS["am"]
     with pytest.raises(VkvError, match="unknown method 'sequential'"):
         method_class("sequential", per_turn)
+
+
+def test_vkv_keeping_verbatim_tokens_is_the_hybrid_method_and_its_old_name_is_no_method():
+    keep = argparse.Namespace(per_turn=None, keep_verbatim=True)
+    assert method_class("vkv", keep) is METHODS["hybrid"]
+    assert method_class("kvzip", keep) is METHODS["kvzip"]
+    both = argparse.Namespace(per_turn=True, keep_verbatim=True)  # per turn, the verbatim share is in its recipe
+    assert method_class("vkv", both) is METHODS["sequential"]
+    with pytest.raises(VkvError, match="unknown method 'hybrid'; choose from .*kvzip"):
+        method_class("hybrid", keep)
 
 
 def test_an_old_saved_multiturn_recipe_loads_through_the_upgrade_module():

@@ -30,7 +30,7 @@ from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
-from vkv.methods import METHODS, PER_TURN_VKV, get_method, registered_name
+from vkv.methods import METHODS, PER_TURN_VKV, VERBATIM_VKV, VKV_MODES, get_method, registered_name
 from vkv.methods.base import Method, TextMethod
 from vkv.text.transcript import Transcript, parse_transcript, render
 
@@ -125,22 +125,34 @@ def frozen(model, tokenizer) -> FrozenLM:
 def _kv_method(name: str, options: dict[str, Any]):
     """The registered KV method `name` with `options`, refusing text methods and options it does not have. vkv with
     `per_turn=True` is vkv per turn, as on the command line (a `recipe` CompressConfig becomes its per-message
-    recipe); its registry name `sequential` is refused as `--method sequential` is."""
-    supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod) and n != PER_TURN_VKV)
+    recipe), and with `keep_verbatim=True` alone vkv with per-turn verbatim tokens over the whole span; their registry
+    names `sequential` and `hybrid` are refused as `--method sequential` and `--method hybrid` are."""
+    supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod) and n not in VKV_MODES)
     if name == PER_TURN_VKV:
         raise VkvError(
             f"method '{name}' was renamed: vkv compressing each message on its own is method=\"vkv\", per_turn=True"
         )
+    if name == VERBATIM_VKV:
+        raise VkvError(
+            f"method '{name}' was renamed: vkv keeping a share of the span's tokens verbatim for every head is "
+            'method="vkv", keep_verbatim=True'
+        )
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; vkv.compress supports {supported}")
-    asked, taken = name, ("per_turn",) if name == "vkv" else ()  # vkv's per_turn picks the method: no field of it
+    asked, taken = name, ("per_turn", "keep_verbatim") if name == "vkv" else ()  # vkv's switches pick the method
     if name == "vkv":
-        per_turn = options.pop("per_turn", False)
-        if not isinstance(per_turn, bool):
-            raise VkvError(f"field per_turn: expected True or False, got {per_turn!r}")
-        name = registered_name(name, per_turn)
+        per_turn, keep_verbatim = options.pop("per_turn", False), options.pop("keep_verbatim", False)
+        for field, value in (("per_turn", per_turn), ("keep_verbatim", keep_verbatim)):
+            if not isinstance(value, bool):
+                raise VkvError(f"field {field}: expected True or False, got {value!r}")
+        name = registered_name(name, per_turn, keep_verbatim)
         if per_turn and isinstance(options.get("recipe"), CompressConfig):
-            options["recipe"] = MultiTurnConfig(options["recipe"])
+            options["recipe"] = MultiTurnConfig(options["recipe"], keep_verbatim=keep_verbatim)
+        elif per_turn and keep_verbatim:
+            raise VkvError(
+                "field keep_verbatim: per turn, the verbatim tokens are a setting of the recipe; pass "
+                "recipe=MultiTurnConfig(keep_verbatim=True)"
+            )
     cls = METHODS[name]
     if issubclass(cls, TextMethod):
         raise VkvError(

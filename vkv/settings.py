@@ -32,16 +32,18 @@ def setting(
     required: bool = False,
     metavar: str | None = None,
     many: bool = False,
+    below: float | None = None,
 ) -> Any:
     """A dataclass field with its help text and allowed values (`choices`: a tuple, or a function returning a
     registry's names, called when they are needed); `cli=False` keeps it out of the command line and sweeps. A number
-    with a `minimum` must be finite and at least it (above it with `above`): the command line, sweeps and
+    with a `minimum` must be finite and at least it (above it with `above`), one with `below` finite and under it (a
+    fraction in [0, 1): minimum=0, below=1): the command line, sweeps and
     `check_ranges` (each config's validate) refuse anything else alike. `required`: its flag must be given (the
     default, None, stands for "not given" in the Python API, which each config's validate refuses); `metavar`: the
     value's name in usage lines; `many`: a tuple flag that takes several words (`--sources a b`) instead of one
     comma-separated word."""
     flag = {"required": required, "metavar": metavar, "many": many}
-    bound = {"minimum": minimum, "above": above}
+    bound = {"minimum": minimum, "above": above, "below": below}
     return field(default=default, metadata={"help": help, "choices": choices, "cli": cli, **bound, **flag})
 
 
@@ -65,6 +67,7 @@ class Setting:
     required: bool = False
     metavar: str | None = None
     many: bool = False
+    below: float | None = None
 
     @property
     def flag(self) -> str:
@@ -100,6 +103,7 @@ def flat_settings(config: type, prefix: str = "", path: tuple[str, ...] = ()) ->
                 f.metadata.get("required", False),
                 f.metadata.get("metavar"),
                 f.metadata.get("many", False),
+                f.metadata.get("below"),
             )
         )
     return out
@@ -107,25 +111,34 @@ def flat_settings(config: type, prefix: str = "", path: tuple[str, ...] = ()) ->
 
 def out_of_range(s: Setting, value: Any) -> str | None:
     """Why `value` breaks setting `s`'s declared range, or None when it does not (None values are not numbers)."""
-    return range_problem(value, s.minimum, s.above)
+    return range_problem(value, s.minimum, s.above, s.below)
 
 
-def range_problem(value: Any, minimum: float | None, above: bool = False) -> str | None:
-    """Why `value` (a number, or a list of them) is not finite and at least `minimum` (above it with `above`); None
-    when it is, or when there is no bound or no number."""
+def range_problem(value: Any, minimum: float | None, above: bool = False, below: float | None = None) -> str | None:
+    """Why `value` (a number, or a list of them) is not finite, at least `minimum` (above it with `above`) and under
+    `below`; None when it is, or when there is no bound or no number."""
     if isinstance(value, (tuple, list)):  # a list of numbers: each one
-        return next((p for p in (range_problem(v, minimum, above) for v in value) if p), None)
-    if minimum is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return next((p for p in (range_problem(v, minimum, above, below) for v in value) if p), None)
+    if (minimum is None and below is None) or value is None or isinstance(value, bool):
         return None
-    if not math.isfinite(value) or value < minimum or (above and value == minimum):
-        return f"must be a finite number {'above' if above else 'at least'} {minimum:g}, got {value!r}"
+    if not isinstance(value, (int, float)):
+        return None
+    low = minimum is not None and (value < minimum or (above and value == minimum))
+    if not math.isfinite(value) or low or (below is not None and value >= below):
+        if below is None:
+            bound = f"{'above' if above else 'at least'} {minimum:g}"
+        elif minimum is None:
+            bound = f"below {below:g}"
+        else:
+            bound = f"in {'(' if above else '['}{minimum:g}, {below:g})"
+        return f"must be a finite number {bound}, got {value!r}"
     return None
 
 
-def bounded(kind: type, minimum: float | None, above: bool = False) -> Callable[[str], Any]:
+def bounded(kind: type, minimum: float | None, above: bool = False, below: float | None = None) -> Callable[[str], Any]:
     """An argparse type: `kind` parsed from the flag's text and held to the range, so the command line refuses it in
     one line before anything is loaded."""
-    return kind if minimum is None else Bounded(kind, minimum, above)
+    return kind if minimum is None and below is None else Bounded(kind, minimum, above, below)
 
 
 @dataclass(frozen=True)
@@ -134,8 +147,9 @@ class Bounded:
     can write it down and build it again without importing the configs that declared it."""
 
     kind: type
-    minimum: float
+    minimum: float | None
     above: bool = False
+    below: float | None = None
 
     @property
     def __name__(self) -> str:  # argparse names the type in "invalid <type> value"
@@ -146,7 +160,7 @@ class Bounded:
             value = self.kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {self.kind.__name__}, got {text!r}") from None
-        problem = range_problem(value, self.minimum, self.above)
+        problem = range_problem(value, self.minimum, self.above, self.below)
         if problem:
             raise argparse.ArgumentTypeError(problem)
         return value
@@ -160,8 +174,17 @@ def check_ranges(config: Any, where: str = "", prefix: str = "") -> None:
         if "nested" in f.metadata:
             check_ranges(value, where, prefix + f.metadata["prefix"])
             continue
+        meta = f.metadata
         bound = Setting(
-            prefix + f.name, (f.name,), None, None, "", None, f.metadata.get("minimum"), f.metadata.get("above", False)
+            prefix + f.name,
+            (f.name,),
+            None,
+            None,
+            "",
+            None,
+            meta.get("minimum"),
+            meta.get("above", False),
+            below=meta.get("below"),
         )
         problem = out_of_range(bound, value)
         if problem:
@@ -194,6 +217,7 @@ def check_fields(config: Any) -> None:
             f.metadata.get("choices"),
             f.metadata.get("minimum"),
             f.metadata.get("above", False),
+            below=f.metadata.get("below"),
         )
         if default is None and value is not None:
             kinds = tuple(typing.get_origin(t) or t for t in typing.get_args(hints[f.name]) if t is not type(None))
@@ -329,7 +353,7 @@ def _scalar_type(s: Setting) -> Callable[[str], Any]:
     else:
         real = [a for a in typing.get_args(s.kind) if a is not type(None)]
         kind = real[0] if real else str
-    return bounded(kind, s.minimum, s.above)
+    return bounded(kind, s.minimum, s.above, s.below)
 
 
 def _element_type(s: Setting) -> type:
@@ -344,7 +368,7 @@ def _element_type(s: Setting) -> type:
 
 
 def _comma_list(s: Setting) -> Callable[[str], tuple]:
-    return CommaList(s.flag, _element_type(s), s.minimum, s.above)
+    return CommaList(s.flag, _element_type(s), s.minimum, s.above, s.below)
 
 
 @dataclass(frozen=True)
@@ -356,6 +380,7 @@ class CommaList:
     element: type
     minimum: float | None = None
     above: bool = False
+    below: float | None = None
 
     @property
     def __name__(self) -> str:
@@ -371,7 +396,7 @@ class CommaList:
             raise argparse.ArgumentTypeError(
                 f"{self.flag}: expected comma-separated {self.element.__name__}s, got {text!r}"
             ) from None
-        problem = range_problem(values, self.minimum, self.above)
+        problem = range_problem(values, self.minimum, self.above, self.below)
         if problem:
             raise argparse.ArgumentTypeError(f"{self.flag}: {problem}")
         return values

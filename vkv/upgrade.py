@@ -16,6 +16,8 @@ RENAMED_FLAGS = {  # an old flag, or flag=value, and the sentence that names wha
     "when it ends, on the running cache)",
     "--method=sequential": "method 'sequential' was renamed: vkv compressing each message on its own is "
     "--method vkv --per-turn",
+    "--method=hybrid": "method 'hybrid' was renamed: vkv keeping a share of the span's tokens verbatim for every head "
+    "is --method vkv --keep-verbatim",
 }
 
 

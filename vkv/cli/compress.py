@@ -61,11 +61,10 @@ class CompressCommand:
 
 def kv_methods() -> tuple[str, ...]:
     """The registered methods that compress the KV cache (text methods prune the messages instead)."""
-    from vkv.cli.method_flags import PER_TURN_VKV
-    from vkv.methods import METHODS
+    from vkv.methods import METHODS, VKV_MODES
     from vkv.methods.base import TextMethod
 
-    return tuple(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod) and n != PER_TURN_VKV)
+    return tuple(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod) and n not in VKV_MODES)
 
 
 def cmd_compress(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from vkv.cli.method_flags import (
     given_options,
     method_class,
     recipe_from_args,
+    refuse_unused_recipe_flags,
 )
 from vkv.compress.budget import DEFAULT_RATIO, span_budget
 from vkv.errors import VkvError
@@ -23,6 +24,7 @@ from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
 from vkv.kv.file import trusted_header
 from vkv.lm.rebuild import load_cache
+from vkv.methods import spoken_name
 from vkv.progress import counted, status, step_bar
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
@@ -84,6 +86,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise VkvError(f"{flag}: {', '.join(map(str, twice))} listed twice; each run would be scored twice")
     classes = [method_class(name, args) for name in methods]
     options = given_options(args, classes)
+    refuse_unused_recipe_flags(args, classes)
     ratios = command.ratio
     recipe = recipe_from_args(args)
     settings = dataclasses.replace(from_args(EvalSettings, args), seed=args.seed)
@@ -164,7 +167,7 @@ def _print_eval(results: list[dict], rows: list[dict]) -> None:
     per_q.add_column("window / question")
     columns = [(r["method"], r["ratio_requested"]) for r in results if r["transcript"] == results[0]["transcript"]]
     for method, ratio in columns:
-        per_q.add_column(f"{method}" + (f" {ratio}×" if ratio else ""), justify="right")
+        per_q.add_column(spoken_name(method) + (f" {ratio}×" if ratio else ""), justify="right")
     by_unit: dict[str, dict] = {}
     for r in results:
         by_unit.setdefault(r["transcript"], {})[(r["method"], r["ratio_requested"])] = r

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
-from vkv.methods import METHODS, PER_TURN_VKV, registered_name
+from vkv.methods import METHODS, PER_TURN_VKV, VKV_MODES, registered_name
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat
 
 
@@ -83,7 +83,9 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
             group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             kind = type(s.default) if s.default is not None else str
-            group.add_argument(s.flag, type=bounded(kind, s.minimum, s.above), choices=s.allowed(), help=help_text)
+            group.add_argument(
+                s.flag, type=bounded(kind, s.minimum, s.above, s.below), choices=s.allowed(), help=help_text
+            )
 
 
 def _default(cls, key: str):
@@ -112,13 +114,31 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
     return given
 
 
+def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
+    """Refuse a flag of vkv's multi-turn recipe that none of the methods evaluated takes (the per-turn ratio and the
+    target source belong to vkv per turn, the verbatim tokens' settings to the methods that keep them), rather than
+    run without it."""
+    whole_span = {s.key for s in flat_settings(CompressConfig)} | {"keep_verbatim"}  # the switch picks the method
+    for s in flat_settings(MultiTurnConfig):
+        given = getattr(args, s.key, None)
+        if s.key in whole_span or given is None or given == s.default:
+            continue
+        verbatim = s.key.startswith("verbatim_")
+        if not any(c.recipe_class is MultiTurnConfig or (verbatim and "verbatim" in c.option_names()) for c in classes):
+            needs = "--keep-verbatim" if verbatim else "--per-turn"
+            raise VkvError(
+                f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (it needs {needs})"
+            )
+
+
 def method_class(name: str, args: argparse.Namespace) -> type:
-    """The class `--method name` runs: vkv with --per-turn is vkv's turn-by-turn method, which the registry, sweeps
-    and stored run ids know as `sequential` (so that those runs keep their ids)."""
-    if name not in METHODS or name == PER_TURN_VKV:
-        names = ", ".join(n for n in METHODS if n != PER_TURN_VKV)
+    """The class `--method name` runs: vkv with --per-turn is vkv's turn-by-turn method, and with --keep-verbatim
+    alone its per-turn verbatim method over the whole span, which the registry, sweeps and stored run ids know as
+    `sequential` and `hybrid` (so that those runs keep their ids)."""
+    if name not in METHODS or name in VKV_MODES:
+        names = ", ".join(n for n in METHODS if n not in VKV_MODES)
         raise VkvError(f"--method: unknown method '{name}'; choose from {names}")
-    return METHODS[registered_name(name, getattr(args, "per_turn", None))]
+    return METHODS[registered_name(name, getattr(args, "per_turn", None), getattr(args, "keep_verbatim", None))]
 
 
 def _per_turn(cls) -> bool:

@@ -77,6 +77,7 @@ class CompressConfig(Config):
         "best token of their block the head did not keep (0: all virtual; default: "
         f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
         minimum=0,
+        below=1,
     )
     verbatim_source: str = setting(
         "kvzip",
@@ -103,8 +104,6 @@ class CompressConfig(Config):
         check_ranges(self)
         self = self._resolved()
         if self.verbatim_share:
-            if not self.verbatim_share < 1:
-                raise VkvError(f"field verbatim_share: must be a fraction in [0, 1), got {self.verbatim_share}")
             if not self.needs_reconstruction:
                 raise VkvError(
                     "field verbatim_share: each head's verbatim entries are chosen by the reconstruction pass; it needs "

@@ -22,25 +22,25 @@ verbatim count, a ShortTurnWarning says so and the segment's stats record it.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 
-from vkv.compress.autoratio import v_loss
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import optimise
 from vkv.compress.pooling import surprisal_scores
 from vkv.compress.problem import SpanProblem
+from vkv.compress.single import virtual_part
 from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment
+from vkv.kv.segment import Segment, interleaved
 from vkv.lm.capture import Activations
 from vkv.lm.frozen import FrozenLM
-from vkv.lm.rebuild import virtual_kv
 from vkv.settings import Config, check_ranges, setting
 
 KEEP_BY = ("v-uniqueness", "surprisal")
@@ -54,17 +54,14 @@ class ShortTurnWarning(UserWarning):
 class HybridConfig(Config):
     """Which of a span's tokens stay verbatim beside its virtual tokens, and how many."""
 
-    fraction: float = setting(0.15, "share of the span's tokens kept verbatim, in [0, 1)", minimum=0)
+    fraction: float = setting(0.15, "share of the span's tokens kept verbatim", minimum=0, below=1)
     keep_by: str = setting("v-uniqueness", "which tokens stay verbatim", KEEP_BY)
     max_share: float = setting(
-        0.5, "verbatim entries take at most this share of a turn's entry budget, in [0, 1)", minimum=0
+        0.5, "verbatim entries take at most this share of a turn's entry budget", minimum=0, below=1
     )
     neighbours: int = setting(2, "v-uniqueness compares a token with this many neighbours on each side", minimum=1)
 
     def validate(self) -> HybridConfig:
-        for name in ("fraction", "max_share"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise VkvError(f"field {name}: must be a fraction in [0, 1), got {getattr(self, name)}")
         check_ranges(self)
         return self
 
@@ -193,65 +190,41 @@ def hybrid_segment(
     return _assemble(lm, ids, acts, kept, kept_kv, virtual, share, config)
 
 
-@dataclass
-class _VirtualPart:
-    keys: torch.Tensor  # [layers, kv_heads, k, head_dim]
-    values: torch.Tensor
-    positions: torch.Tensor  # [k]
-    embeddings: torch.Tensor  # [k, hidden]
-    stats: dict[str, Any]
-    bias: torch.Tensor | None  # [layers, kv_heads, k] (SpanProblem.bias: log of the tokens each stands for, masks)
-
-
-def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step, token_scores) -> _VirtualPart:
+def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step, token_scores) -> Segment:
     """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
     or `oversample` times as many with a head-wise budget (each head then reaches `budget`)."""
     k = compress.virtual_tokens(budget, len(rest))
     problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest, token_scores=token_scores)
-    targets, positions = problem.targets, problem.positions
-    result = optimise(lm, prefix, targets, positions, compress.optim, on_step=on_step)
-    keys, values = virtual_kv(lm, result.embeddings, positions, prefix)
-    per_layer = v_loss(values, targets)
-    stats = {**result.summary(), "per_layer_v_loss": per_layer, "loss": sum(per_layer) / len(per_layer)}
-    return _VirtualPart(keys, values, positions, result.embeddings, stats, problem.bias(compress, keys, budget)[0])
+    result = optimise(lm, prefix, problem.targets, problem.positions, compress.optim, on_step=on_step)
+    span = (acts.start, acts.end)
+    return virtual_part(lm, prefix, problem, span, result.embeddings, result.summary(), compress, budget)
 
 
-def _assemble(lm, ids, acts, kept, kept_kv, virtual: _VirtualPart, share: VerbatimShare, config) -> Segment:
+def _assemble(lm, ids, acts, kept, kept_kv, virtual: Segment, share: VerbatimShare, config) -> Segment:
+    """The kept tokens' own entries (every head the same, bias 0: a verbatim token stands for itself) and the virtual
+    part, sorted by position."""
     kept_ids = [ids[acts.start + int(i)] for i in kept]
     with torch.no_grad():
         kept_embeddings = lm.embed(torch.tensor(kept_ids, dtype=torch.long)).float().cpu()
-    keys = torch.cat([torch.cat(kept_kv.keys).float().cpu(), virtual.keys], dim=2)
-    values = torch.cat([torch.cat(kept_kv.values).float().cpu(), virtual.values], dim=2)
-    positions = torch.cat([(kept + acts.start).float(), virtual.positions.float()])
-    embeddings = torch.cat([kept_embeddings.reshape(len(kept_ids), -1), virtual.embeddings])
-    order = positions.argsort(stable=True)
-    slots = virtual.keys.shape[2]
-    is_verbatim = torch.cat([torch.ones(len(kept_ids), dtype=torch.bool), torch.zeros(slots, dtype=torch.bool)])
-    stats = {
-        **virtual.stats,
-        "keep_by": config.keep_by,
-        "verbatim_fraction": config.fraction,
-        "verbatim_kept": share.kept,
-        "verbatim_wanted": share.wanted,
-        "verbatim_capped": share.capped,
-        "virtual_entries": share.virtual,
-        "verbatim_entries": is_verbatim[order].nonzero()[:, 0].tolist(),
-        "verbatim_positions": (kept + acts.start).tolist(),
-        "verbatim_text": [lm.tokenizer.decode([t]) for t in kept_ids],
-    }
-    bias = None  # a verbatim token stands for itself: bias log 1 = 0 beside the virtual tokens'
-    if virtual.bias is not None:
-        bias = torch.cat([torch.zeros(*keys.shape[:2], len(kept_ids)), virtual.bias], dim=2)[:, :, order].contiguous()
-    return Segment(
-        "virtual",
-        (acts.start, acts.end),
-        keys[:, :, order].contiguous(),
-        values[:, :, order].contiguous(),
-        positions[order],
-        embeddings[order],
-        stats,
-        bias,
+    keys, values = torch.cat(kept_kv.keys), torch.cat(kept_kv.values)
+    bias = None if virtual.bias is None else torch.zeros(*keys.shape[:3])
+    positions = (kept + acts.start).float()
+    own = Segment(
+        "verbatim", virtual.span, keys, values, positions, kept_embeddings.reshape(len(kept_ids), -1), bias=bias
     )
+    segment, own_slots = interleaved(own, dataclasses.replace(virtual, separable=None))
+    segment.stats.update(
+        keep_by=config.keep_by,
+        verbatim_fraction=config.fraction,
+        verbatim_kept=share.kept,
+        verbatim_wanted=share.wanted,
+        verbatim_capped=share.capped,
+        virtual_entries=share.virtual,
+        verbatim_entries=own_slots.tolist(),
+        verbatim_positions=(kept + acts.start).tolist(),
+        verbatim_text=[lm.tokenizer.decode([t]) for t in kept_ids],
+    )
+    return segment
 
 
 def _complement(kept: torch.Tensor, n: int) -> torch.Tensor:

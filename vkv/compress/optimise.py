@@ -61,7 +61,7 @@ class OptimConfig:
         PRECISIONS,
     )
     betas: tuple[float, float] = setting(
-        (0.8, 0.95), "Adam's betas, each below 1; reach a given loss in fewer steps than 0.9,0.999", minimum=0
+        (0.8, 0.95), "Adam's betas; reach a given loss in fewer steps than 0.9,0.999", minimum=0, below=1
     )
     target_loss: float | None = setting(None, "stop as soon as the loss is at or below this", minimum=0)
 
@@ -69,9 +69,9 @@ class OptimConfig:
         check_fields(self)
 
     def validate(self) -> OptimConfig:
-        if not all(0 <= b < 1 for b in self.betas) or len(self.betas) != 2:
-            raise VkvError(f"Adam betas must be two numbers in [0, 1), got {self.betas}")
         check_ranges(self)
+        if len(self.betas) != 2:
+            raise VkvError(f"field betas: Adam takes two betas, got {len(self.betas)}")
         if self.layer_weights is not None and (min(self.layer_weights, default=-1) < 0 or not any(self.layer_weights)):
             raise VkvError("layer_weights must be non-negative with at least one positive weight")
         return self

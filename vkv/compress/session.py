@@ -232,7 +232,7 @@ class Session:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of the cache that `ask` and `generate` decode on (each head's reached entries, their biases and
+        """Bytes of the cache that `ask` and `generate` decode on (each head's entries, their biases and
         per-head offsets; on the model's dtype), from the segments' counts."""
         return report_totals(cache_rows(self.cache, self.lm.dtype))["memory_bytes"]
 

@@ -8,6 +8,7 @@ so nothing they carry was computed with the uncompressed span in view.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -24,7 +25,7 @@ from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
-from vkv.kv.segment import Segment, verbatim_segment
+from vkv.kv.segment import Segment, interleaved, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
@@ -95,24 +96,42 @@ def virtual_segment(
         if split.verbatim:
             beside = (KVPrefix(span_kv.keys, span_kv.values, None, [b[None] for b in own]), virtual)
         embeddings = _distilled(lm, ids, (start, end), teacher, prefix, embeddings, positions, config, stats, beside)
-    optimised = time.perf_counter()
-    keys, values = virtual_kv(lm, embeddings, positions, prefix)
-    kv_done = time.perf_counter()
-    bias, separable = (None, None) if split.verbatim else problem.bias(config, keys, budget)
     stats["phase_seconds"] = {  # where the time went: pooled targets (and a per-head hybrid's shares), the span's
-        # read-out queries, the optimiser (and distillation), the virtual tokens' K/V, the biases of virtual tokens alone
+        # read-out queries, the optimiser (and distillation); virtual_part adds the K/V and the biases
         "targets": round(built - started - problem.readout_seconds, 4),
         "readout": round(problem.readout_seconds, 4),
-        "optimise": round(optimised - built, 4),
-        "kv": round(kv_done - optimised, 4),
-        "bias": round(time.perf_counter() - kv_done, 4),
+        "optimise": round(time.perf_counter() - built, 4),
     }
-    segment = Segment("virtual", (start, end), keys, values, positions, embeddings, stats, bias, separable)
-    record_loss(segment, values, problem.targets)
+    segment = virtual_part(lm, prefix, problem, (start, end), embeddings, stats, config, budget, not split.verbatim)
     if split.verbatim:
         stats["verbatim_per_head"] = split.verbatim
         segment = beside_verbatim(segment, span_kv, own, virtual)
     return segment
+
+
+def virtual_part(
+    lm: FrozenLM,
+    prefix: KVPrefix,
+    problem: SpanProblem,
+    span: tuple[int, int],
+    embeddings: torch.Tensor,
+    stats: dict,
+    config: CompressConfig,
+    budget: int,
+    biased: bool = True,
+) -> Segment:
+    """Tuned virtual tokens (`embeddings` `[k, hidden]` at `problem.positions`) on top of `prefix` as a segment standing
+    for the problem's `span`: their K/V, their biases (`problem.bias`; none when not `biased`, where a per-head hybrid
+    sets its own) and, in `stats`, their V loss against the targets and the seconds the K/V and the biases took. Both
+    hybrids build their virtual part here and join it to their verbatim entries with `interleaved`."""
+    started = time.perf_counter()
+    keys, values = virtual_kv(lm, embeddings, problem.positions, prefix)
+    kv_done = time.perf_counter()
+    bias, separable = problem.bias(config, keys, budget) if biased else (None, None)
+    phases = stats.setdefault("phase_seconds", {})
+    phases.update(kv=round(kv_done - started, 4), bias=round(time.perf_counter() - kv_done, 4))
+    segment = Segment("virtual", span, keys, values, problem.positions, embeddings, stats, bias, separable)
+    return record_loss(segment, values, problem.targets)
 
 
 def _own_kv(teacher: KVPrefix, start: int, end: int) -> KVPrefix:
@@ -145,17 +164,8 @@ def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor,
     head's slots hold only what it reaches, so the segment's memory is what the ratio counts (most of a span's own
     entries are reached by some head, so one slot per own entry would hold nearly the whole span)."""
     own = verbatim_segment(span_kv, virtual.span[0])
-    positions = torch.cat([own.positions, virtual.positions.float()])
-    order = positions.argsort(stable=True)
-
-    def joined(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.cat([a.float().cpu(), b.float().cpu()], dim=2).index_select(2, order)
-
-    keys, values = joined(own.keys, virtual.keys), joined(own.values, virtual.values)
-    dense = Segment(
-        "virtual", virtual.span, keys, values, positions[order], None, virtual.stats, joined(own_bias, bias)
-    )
-    return dense.compacted()
+    own.bias, virtual = own_bias, dataclasses.replace(virtual, embeddings=None, bias=bias, separable=None)
+    return interleaved(own, virtual)[0].compacted()
 
 
 def compress_span(

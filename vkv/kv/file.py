@@ -172,8 +172,8 @@ def _every_head_reaches(real: torch.Tensor) -> bool:
 
 
 def _flat(seg: Segment, i: int) -> dict[str, torch.Tensor]:
-    """A padded segment (head-wise budgets: −inf-bias slots) as its real entries only, so that the file's bytes
-    follow the real ratio: `real` `[layers, kv_heads, entries]` bool, `keys_real`/`values_real` `[real, head_dim]`
+    """A padded segment (head-wise budgets: −inf-bias slots) as each head's entries only, no padding, so that the
+    file's bytes follow the ratio: `real` `[layers, kv_heads, slots]` bool, `keys_real`/`values_real` `[real, head_dim]`
     and `bias_real` `[real]` in (layer, head, slot) order, for any layout of the padding (compact segments keep it
     last, head-wise virtual tokens between their entries). Loading pads again with copies of each head's first real
     entry, which attention never reaches (−inf bias)."""

@@ -149,6 +149,34 @@ def compact_segment(
     return Segment("compact", span, keys, values, mean.float() + start, bias=bias, stats=stats or {})
 
 
+def interleaved(own: Segment, virtual: Segment) -> tuple[Segment, torch.Tensor]:
+    """A span's own entries (`own`) and the virtual entries standing for the rest of it (`virtual`) as one virtual
+    segment of `virtual.span`, every slot sorted by position (own entries first at a tie), float32 on the host, with
+    `virtual`'s stats. Embeddings and biases are joined when both have them (a bias on one side only is refused). Second:
+    the slots that hold `own`'s entries."""
+    if (own.bias is None) != (virtual.bias is None):
+        raise ValueError("interleaved: both segments carry biases or neither does")
+    positions = torch.cat([own.positions.float(), virtual.positions.float()])
+    order = positions.argsort(stable=True)
+
+    def joined(a: torch.Tensor | None, b: torch.Tensor | None, dim: int = 2) -> torch.Tensor | None:
+        if a is None or b is None:
+            return None
+        return torch.cat([a.float().cpu(), b.float().cpu()], dim=dim).index_select(dim, order)
+
+    segment = Segment(
+        "virtual",
+        virtual.span,
+        joined(own.keys, virtual.keys),
+        joined(own.values, virtual.values),
+        positions[order],
+        joined(own.embeddings, virtual.embeddings, dim=0),
+        virtual.stats,
+        joined(own.bias, virtual.bias),
+    )
+    return segment, (order < own.entries).nonzero()[:, 0]
+
+
 def verbatim_segment(kv: KVPrefix, start: int) -> Segment:
     """A verbatim segment from a batch-1 prefix whose entries are the real K/V of tokens [start, start + n)."""
     keys, values = kv.stacked()

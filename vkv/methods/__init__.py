@@ -42,14 +42,24 @@ METHODS: dict[str, type[Method]] = {
     )
 }
 
-# vkv per turn (vkv with per_turn) is a method of its own, registered and hashed into run ids under its earlier name
-# so that stored runs keep their ids; the command line, sweep files and vkv.compress spell it vkv with per_turn
-PER_TURN_VKV = Sequential.name
+# vkv's two modes that are methods of their own, registered and hashed into run ids under their earlier names so that
+# stored runs keep their ids; the command line, sweep files and vkv.compress spell them vkv with a switch
+PER_TURN_VKV = Sequential.name  # vkv per turn: --per-turn, per_turn
+VERBATIM_VKV = Hybrid.name  # vkv with per-turn verbatim tokens over the whole span: --keep-verbatim, keep_verbatim
+VKV_MODES = (PER_TURN_VKV, VERBATIM_VKV)
 
 
-def registered_name(name: str, per_turn: bool | None) -> str:
-    """The registry's name of method `name` run with `per_turn`."""
-    return PER_TURN_VKV if name == "vkv" and per_turn else name
+def registered_name(name: str, per_turn: bool | None = None, keep_verbatim: bool | None = None) -> str:
+    """The registry's name of method `name` run with vkv's switches `per_turn` and `keep_verbatim` (per turn, the
+    verbatim tokens are a setting of its recipe)."""
+    if name != "vkv":
+        return name
+    return PER_TURN_VKV if per_turn else VERBATIM_VKV if keep_verbatim else name
+
+
+def spoken_name(registered: str) -> str:
+    """How tables name the method registered as `registered`: vkv's modes as vkv with their switch."""
+    return {PER_TURN_VKV: "vkv per-turn", VERBATIM_VKV: "vkv keep-verbatim"}.get(registered, registered)
 
 
 def get_method(name: str, **options) -> Method:
@@ -59,4 +69,13 @@ def get_method(name: str, **options) -> Method:
     return cls(**{k: v for k, v in options.items() if k in cls.option_names()})
 
 
-__all__ = ["METHODS", "PER_TURN_VKV", "Method", "SpanWork", "get_method", "registered_name"]
+__all__ = [
+    "METHODS",
+    "PER_TURN_VKV",
+    "VERBATIM_VKV",
+    "VKV_MODES",
+    "Method",
+    "SpanWork",
+    "get_method",
+    "registered_name",
+]

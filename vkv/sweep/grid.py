@@ -188,7 +188,7 @@ def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
     for key in point:
         _renamed(where, key)
-    name = _per_turn_vkv(point, where)
+    name = _vkv_mode(point, where)
     if name not in METHODS:
         raise VkvError(f"{where}: field methods: unknown method '{name}'; choose from {', '.join(METHODS)}")
     cls = METHODS[name]
@@ -226,14 +226,20 @@ def _relevant(point: dict, where: str) -> dict:
     return out
 
 
-def _per_turn_vkv(point: dict, where: str) -> str:
-    """The registry's name of the point's method, taking `vkv = { per_turn = true }` off the point: vkv per turn is
-    the method registered as `sequential` (the name older files use, read as it is), so both spellings make the same
-    point and thus the same run id."""
-    per_turn = point.pop("vkv.per_turn", None) if point["method"] == "vkv" else None
-    if per_turn is not None and not isinstance(per_turn, bool):
-        raise VkvError(f"{where}: field vkv.per_turn: expected true or false, got {per_turn!r}")
-    return registered_name(point["method"], per_turn)
+def _vkv_mode(point: dict, where: str) -> str:
+    """The registry's name of the point's method, taking vkv's switches off the point (`vkv = { per_turn = true }`,
+    `vkv = { keep_verbatim = true }`): vkv per turn and vkv with per-turn verbatim tokens are the methods registered
+    as `sequential` and `hybrid` (the names older files use, read as they are), so both spellings make the same point
+    and thus the same run id. Per turn, keep_verbatim is the setting of the turn-by-turn recipe it is there."""
+    switches = {}
+    for switch in ("per_turn", "keep_verbatim"):
+        value = point.pop(f"vkv.{switch}", None) if point["method"] == "vkv" else None
+        if value is not None and not isinstance(value, bool):
+            raise VkvError(f"{where}: field vkv.{switch}: expected true or false, got {value!r}")
+        switches[switch] = value
+    if switches["per_turn"] and switches["keep_verbatim"] is not None:
+        point["keep_verbatim"] = switches["keep_verbatim"]
+    return registered_name(point["method"], switches["per_turn"], switches["keep_verbatim"])
 
 
 def _ratio(value, where: str) -> float | None:

@@ -78,7 +78,7 @@ def _markdown_results(table_rows: list[dict]) -> list[str]:
         "time per run including scoring; `peak MB`: CUDA peak allocation per run, or on CPU (marked ≤) the sweep "
         "process's peak RSS, which only grows over the runs one process makes: a bound on each row's peak that does "
         "not compare rows; "
-        "`achieved`: span tokens per real entry (entries per KV head); `stored`: span tokens per slot its segments "
+        "`achieved`: span tokens per entry per KV head; `stored`: span tokens per slot its segments "
         "hold (lower when head-wise budgets pad); `in memory`: the span's full K/V bytes over the bytes the decoding "
         "cache holds for its entries (keys, values, biases, per-head offsets), and `span KiB` those bytes per window; "
         "— for runs that did not record them.",
