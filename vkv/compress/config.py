@@ -54,7 +54,10 @@ class CompressConfig(Config):
         "the virtual tokens the attention mass they gave the span (am's non-negative least squares, started from "
         "the proportional-attention bias)",
     )
-    head_budget: str = head_budget_setting()  # per head (not shared), `oversample` × the budget's virtual tokens
+    # KVzip's one threshold over every layer and head, as the faithful anchors spend a budget: the per-head verbatim
+    # part chosen so beats AdaKV's per-layer split on the dev screens (evals/RESULTS.md, "Virtual tokens against the
+    # faithful anchors"); per head (not shared), `oversample` × the budget's virtual tokens
+    head_budget: str = head_budget_setting("global")
     oversample: float = setting(
         3.0,
         "with a per-head head_budget (unused with shared): virtual tokens optimised per entry of the budget, "
