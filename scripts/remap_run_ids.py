@@ -34,7 +34,7 @@ def remapped(record: dict) -> dict:
     point = grid_point(record["run"])
     identity = {**record["identity"], "config": build_method(point).config()}
     identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
-    before, now = grid_point(record["identity"]["config"]), identity["config"]
+    before, now = _flat(grid_point(record["identity"]["config"])), _flat(identity["config"])
     changed = sorted(k for k in before if k not in now or now[k] != before[k])
     if changed:
         raise VkvError(
@@ -52,14 +52,36 @@ def remapped(record: dict) -> dict:
 
 
 def declared_defaults(method: str) -> dict:
-    """The declared default of every setting of `method` and of its recipe, by field name (a config's top-level keys)."""
+    """The declared default of every setting of `method` and of its recipe, by dotted key as `_flat` names a config's
+    settings (`optim.steps`, `distill.step_tokens`), JSON-shaped as a results file holds them."""
     cls = METHODS[method]
-    out = {}
+    out: dict = {}
     for config in (cls, cls.recipe_class):
         if config is not None:
-            for f in dataclasses.fields(config):
-                if f.default is not dataclasses.MISSING:
-                    out.setdefault(f.name, f.default)
+            for key, value in _defaults(config).items():
+                out.setdefault(key, value)
+    return out
+
+
+def _defaults(config: type, prefix: str = "") -> dict:
+    out = {}
+    for f in dataclasses.fields(config):
+        if f.default is not dataclasses.MISSING:
+            out[prefix + f.name] = json.loads(json.dumps(f.default, default=list))
+        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(f.default_factory):
+            out.update(_defaults(f.default_factory, f"{prefix}{f.name}."))
+    return out
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    """A recorded config's settings by dotted key: a nested config's settings one by one, so that a setting added to
+    it since is told apart from one whose value changed."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
     return out
 
 

@@ -39,3 +39,13 @@ def test_a_changed_default_is_a_different_run():
     old["identity"]["config"]["head_budget"] = "adaptive"  # what kvzip's default was
     with pytest.raises(VkvError, match="head_budget 'adaptive' → 'global'"):
         remapped(old)
+
+
+def test_a_setting_added_inside_a_nested_config_at_its_declared_default_is_a_new_spelling():
+    old = record({"method": "vkv"}, drop="verbatim_source")
+    del old["identity"]["config"]["distill"]["step_tokens"]  # added to the distillation's settings since
+    new = remapped(old)
+    assert new["identity"]["config"]["distill"]["step_tokens"] == 0 and new["run_id"] != "0" * 16
+    old["identity"]["config"]["optim"]["steps"] = 11  # and one of them changed is still a different run
+    with pytest.raises(VkvError, match="optim.steps 11 → 10"):
+        remapped(old)
