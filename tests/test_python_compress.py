@@ -79,7 +79,8 @@ def answer_logprob(model, cache, prompt: list[int], choice: list[int]) -> float:
 def test_every_kv_method_scores_through_the_plain_model_as_vkv_eval_scores_it(evaluation, transcript, name):
     model, tokenizer = evaluation.lm.model, evaluation.lm.tokenizer
     options = cheap_options(name)
-    asked = {"method": "vkv", "per_turn": True} if name == "sequential" else {"method": name}  # vkv per turn
+    spelled = {"sequential": {"per_turn": True}, "hybrid": {"keep_verbatim": True}}  # vkv's modes
+    asked = {"method": "vkv", **spelled[name]} if name in spelled else {"method": name}
     if issubclass(METHODS[name], TextMethod):
         with pytest.raises(VkvError, match="prunes the messages' text.*kvzip"):
             vkv.compress(model, tokenizer, transcript, **asked, ratio=RATIO, **options)
