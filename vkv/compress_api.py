@@ -48,15 +48,16 @@ def compress(
     **options: Any,
 ) -> RaggedCache:
     """Compress messages [first, last) of a conversation (`turns`; default every message after the leading system
-        message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
-        transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
-        optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
-        dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`; `method="vkv", per_turn=True`
-    compresses each message on its own on the running cache, as `--method vkv --per-turn`). Returns the decoding cache on the
-        model's device and in its dtype, of `get_seq_length()` = the conversation's rendered length.
+    message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
+    transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
+    optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
+    dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`; with `method="vkv"`, `per_turn=True`
+    compresses each message on its own on the running cache, as `--per-turn`, and `keep_verbatim=True` keeps a share
+    of the tokens verbatim for every head, as `--keep-verbatim`). Returns the decoding cache on the model's device and
+    in its dtype, of `get_seq_length()` = the conversation's rendered length.
 
-        The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
-        mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
+    The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
+    mode with its parameters frozen; the global torch seed is set to `seed` first, as the eval does."""
     if turns is not None and not is_turn_range(turns):
         raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
@@ -128,15 +129,9 @@ def _kv_method(name: str, options: dict[str, Any]):
     recipe), and with `keep_verbatim=True` alone vkv with per-turn verbatim tokens over the whole span; their registry
     names `sequential` and `hybrid` are refused as `--method sequential` and `--method hybrid` are."""
     supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod) and n not in VKV_MODES)
-    if name == PER_TURN_VKV:
-        raise VkvError(
-            f"method '{name}' was renamed: vkv compressing each message on its own is method=\"vkv\", per_turn=True"
-        )
-    if name == VERBATIM_VKV:
-        raise VkvError(
-            f"method '{name}' was renamed: vkv keeping a share of the span's tokens verbatim for every head is "
-            'method="vkv", keep_verbatim=True'
-        )
+    switch = {PER_TURN_VKV: "per_turn", VERBATIM_VKV: "keep_verbatim"}.get(name)
+    if switch:
+        raise VkvError(f"method '{name}' was renamed: it is vkv with a switch, method=\"vkv\", {switch}=True")
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; vkv.compress supports {supported}")
     asked, taken = name, ("per_turn", "keep_verbatim") if name == "vkv" else ()  # vkv's switches pick the method
