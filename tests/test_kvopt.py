@@ -1,14 +1,19 @@
 """kvopt: KVzip's entries per head, their keys, values and biases then optimised on the read-out (an upper bound in
 KV space)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from tests.conftest import FIXTURES, random_readout
 from vkv.compress.compaction import SpanReadout
+from vkv.compress.distill import DistillConfig, build_probes, probe_loss
 from vkv.compress.kvopt import optimise_entries
 from vkv.compress.reference_queries import reference_queries
+from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
+from vkv.kv.prefix import KVPrefix
 from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
 
@@ -134,3 +139,40 @@ def test_padding_stays_masked_and_the_budget_is_kvzips(evaluation, segments):
     result = evaluation.evaluate(get_method("kvopt", chunk=CHUNK, start="keep", adam_steps=10), 3.0)
     assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
     assert result["optimisation"]["best_loss"] < result["optimisation"]["initial_loss"]
+
+
+def test_the_end_to_end_stage_lowers_the_repeat_kl_of_the_entries_it_stores_or_keeps_its_start(evaluation):
+    """kvopt's second stage moves the free entries toward the model's own re-reading of the span: the KL over the
+    repeat probe, recomputed from what each segment stores, falls from kvzip's entries to the tuned ones; a stage
+    whose steps raise it (too large a learning rate) returns its start."""
+    work, lm = evaluation.work, evaluation.work.lm
+    kept = get_method("kvopt", chunk=CHUNK, start="keep", adam_steps=0)
+    stage = {"distill_steps": 4, "distill_probe_tokens": 16, "distill_step_tokens": 32}
+    before = kept.compress(work, 6.0)
+    after = dataclasses.replace(kept, **stage, distill_lr=1e-3).compress(work, 6.0)
+    overshot = dataclasses.replace(kept, **stage, distill_lr=1.0).compress(work, 6.0)
+    config = DistillConfig(probes=("repeat",), probe_tokens=16)
+    probes = build_probes(lm, work.ids, work.end, work.kv, config, work.start)
+
+    def kl(segment):
+        held = KVPrefix(
+            [k[None] for k in segment.keys], [v[None] for v in segment.values], None, [b[None] for b in segment.bias]
+        )
+        with torch.no_grad():
+            return float(probe_loss(lm, work.prefix().cat(held), work.end, probes))
+
+    stats = after.stats["distill"]
+    assert len(stats["probe_tokens"]) > 1  # the probes were taken in turn, as the default step budget does
+    assert kl(before) == pytest.approx(stats["initial_kl"], rel=1e-3)
+    assert kl(after) == pytest.approx(stats["final_kl"], rel=1e-3) and kl(after) < 0.9 * kl(before)
+    assert torch.equal(after.bias.isneginf(), before.bias.isneginf())  # padding stays masked
+    assert torch.equal(after.positions, before.positions) and "distill" not in before.stats
+    assert overshot.stats["distill"]["final_kl"] > overshot.stats["distill"]["initial_kl"]
+    for field in ("keys", "values", "bias"):
+        assert torch.equal(getattr(overshot, field), getattr(before, field)), field
+
+
+def test_the_end_to_end_stage_per_turn_is_refused(evaluation):
+    method = get_method("kvopt", chunk=CHUNK, adam_steps=1, per_turn=True, distill_steps=1)
+    with pytest.raises(VkvError, match="kvopt: the end-to-end stage .* per turn it is not built"):
+        evaluation.evaluate(method, 3.0)

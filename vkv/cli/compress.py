@@ -9,8 +9,7 @@ import torch
 
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
 from vkv.cli.method_flags import (
-    add_method_args,
-    add_recipe_args,
+    add_recipe_and_method_args,
     build_method,
     given_options,
     method_class,
@@ -225,5 +224,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_compress, outputs=("out", "json"))
     p.add_argument("transcript")
     add_arguments(p, CompressCommand)
-    add_recipe_args(p, skip=("head_budget",))  # one --head-budget flag, with the methods' options below
-    add_method_args(p)
+    add_recipe_and_method_args(p)

@@ -10,8 +10,7 @@ from rich.table import Table
 
 from vkv.cli.common import ModelConfig, console, load_model_from, trust_foreign_setting, write_json
 from vkv.cli.method_flags import (
-    add_method_args,
-    add_recipe_args,
+    add_recipe_and_method_args,
     build_method,
     given_options,
     method_class,
@@ -188,6 +187,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=cmd_eval, outputs=("json",))
     p.add_argument("transcripts", nargs="+")
     add_arguments(p, EvalCommand)
-    add_recipe_args(p, skip=("head_budget",))  # one --head-budget flag, with the methods' options below
-    add_method_args(p)
+    add_recipe_and_method_args(p)
     add_arguments(p.add_argument_group("scoring"), EvalSettings)

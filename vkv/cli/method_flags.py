@@ -65,6 +65,14 @@ def method_options() -> dict[str, MethodOption]:
     return out
 
 
+def add_recipe_and_method_args(p: argparse.ArgumentParser) -> None:
+    """vkv's recipe flags, then the methods' options; a setting both have (head_budget, the distillation's) is one flag
+    among the methods' options, whose help says each one's default."""
+    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
+    add_recipe_args(p, skip=tuple(key for key in method_options() if key in recipe))
+    add_method_args(p)
+
+
 def add_method_args(p: argparse.ArgumentParser) -> None:
     """One flag per method option, default None: unset, each method keeps its own default."""
     group = p.add_argument_group("method options (each given to the methods that have it; unset: their own default)")

@@ -1,5 +1,6 @@
-"""Question-free distillation: tune virtual embeddings so that the frozen model, reading them instead of the
-span, predicts the same next tokens on probe text as it does when it reads the span itself.
+"""Question-free distillation: tune what stands for a span (vkv's virtual embeddings, kvopt's free keys, values and
+biases) so that the frozen model, reading it instead of the span, predicts the same next tokens on probe text as it
+does when it reads the span itself.
 
 Probes never involve evaluation questions: `continuation` is the conversation's own next tokens after the
 span; `summary` is a generic request to summarise the conversation followed by the answer the model
@@ -13,7 +14,9 @@ over every probe fell.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -37,7 +40,7 @@ SUMMARY_REQUEST = (
 @dataclass
 class DistillConfig:
     steps: int = setting(
-        0, "after the V match, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)", minimum=0
+        0, "after the fit, this many Adam steps on KL(full ‖ compressed) over probe text (0: off)", minimum=0
     )
     lr: float = setting(3e-3, "the distillation stage's learning rate", minimum=0, above=True)
     probes: tuple[str, ...] = setting(PROBES[:2], f"probe texts, from {', '.join(PROBES)}")
@@ -54,6 +57,13 @@ class DistillConfig:
             raise VkvError(f"distill probes must be a non-empty subset of {', '.join(PROBES)}, got {self.probes}")
         check_ranges(self, prefix="distill_")
         return self
+
+
+def distill_setting(name: str, default: Any) -> Any:
+    """DistillConfig's setting `name` as a field of another method's config (kvopt's end-to-end stage), with that
+    method's default: one declaration, so `vkv eval` gives both one flag."""
+    declared = next(f for f in fields(DistillConfig) if f.name == name)
+    return field(default=default, metadata=declared.metadata)
 
 
 @dataclass
@@ -110,22 +120,42 @@ def distill(
     fixed: KVPrefix | None = None,
     bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[float]]:
-    """Adam on embeddings `[k, hidden]` to minimise the mean KL over probes; returns the best and the loss trace (per
-    step; with probes taken in turn, the loss over every probe before and after comes first and last). `fixed`: entries
-    the context holds beside the virtual tokens (a per-head hybrid's verbatim part, whose bias masks what a head does
-    not hold); `bias` `[layers, kv_heads, k]`: the virtual tokens' own per head."""
+    """Adam on embeddings `[k, hidden]` to minimise the mean KL over probes; returns the best and the loss trace
+    (`tune`'s). `fixed`: entries the context holds beside the virtual tokens (a per-head hybrid's verbatim part, whose
+    bias masks what a head does not hold); `bias` `[layers, kv_heads, k]`: the virtual tokens' own per head."""
     x = embeddings.detach().to(lm.device, torch.float32).clone().requires_grad_(True)
-    context = prefix if fixed is None else prefix.cat(fixed)
     virtual_bias = None if bias is None else [b[None].to(lm.device) for b in bias]
 
-    def loss(chosen: list[Probe]) -> torch.Tensor:
+    def entries() -> KVPrefix:
         keys, values = lm.forward_kv(x[None].to(lm.dtype), positions, prefix)
-        spliced = context.cat(KVPrefix(keys, values, None, virtual_bias))
-        return sum(_kl(probe.teacher, _logprobs(lm, spliced, end, probe.ids)) for probe in chosen) / len(chosen)
+        return KVPrefix(keys, values, None, virtual_bias)
+
+    trace = tune(lm, prefix if fixed is None else prefix.cat(fixed), entries, [x], end, probes, config)
+    return x.detach().cpu(), trace
+
+
+def tune(
+    lm: FrozenLM,
+    context: KVPrefix,
+    entries: Callable[[], KVPrefix],
+    params: list[torch.Tensor],
+    end: int,
+    probes: list[Probe],
+    config: DistillConfig,
+) -> list[float]:
+    """`config.steps` Adam steps on `params` (leaf tensors that `entries()` turns into the span's compressed entries,
+    read after `context`) to minimise the mean KL over probes; `params` end holding the best iterate. Returns the loss
+    trace, per step; with probes taken in turn (`step_tokens`), losses on different probes do not compare, so the
+    loss over every probe comes first and last and the result is kept only if it fell (else `params` go back to their
+    start)."""
+    start = [p.detach().clone() for p in params]
+
+    def loss(chosen: list[Probe]) -> torch.Tensor:
+        return probe_loss(lm, context.cat(entries()), end, chosen)
 
     turns = _in_turn(probes, config.step_tokens)
-    optimiser = torch.optim.Adam([x], lr=config.lr)
-    best, best_loss, trace = x.detach().clone(), math.inf, []
+    optimiser = torch.optim.Adam(params, lr=config.lr)
+    best, best_loss, trace = start, math.inf, []
     if len(turns) > 1:
         with torch.no_grad():
             trace.append(float(loss(probes)))
@@ -135,18 +165,37 @@ def distill(
         value = loss(turns[step % len(turns)])
         trace.append(float(value.detach()))
         if len(turns) == 1 and trace[-1] < best_loss:
-            best, best_loss = x.detach().clone(), trace[-1]
+            best, best_loss = [p.detach().clone() for p in params], trace[-1]
         if step == config.steps or not math.isfinite(trace[-1]):
             break
         optimiser.zero_grad(set_to_none=True)
         value.backward()
-        torch.nn.utils.clip_grad_norm_([x], 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimiser.step()
-    if len(turns) > 1:  # losses on different probes do not compare: the result is kept if every probe's fell
+    if len(turns) > 1:
         with torch.no_grad():
             trace.append(float(loss(probes)))
-        best = x.detach().clone() if trace[-1] < trace[0] else embeddings.detach().to(lm.device, torch.float32)
-    return best.cpu(), trace
+        best = [p.detach().clone() for p in params] if trace[-1] < trace[0] else start
+    with torch.no_grad():
+        for param, kept in zip(params, best):
+            param.copy_(kept)
+    return trace
+
+
+def probe_loss(lm: FrozenLM, context: KVPrefix, end: int, probes: list[Probe]) -> torch.Tensor:
+    """The mean over `probes` of KL(full ‖ compressed) per token, the probes fed at `end` after `context`."""
+    return sum(_kl(probe.teacher, _logprobs(lm, context, end, probe.ids)) for probe in probes) / len(probes)
+
+
+def trace_summary(probes: list[Probe], trace: list[float]) -> dict:
+    """What a run records of its distillation stage."""
+    return {
+        "probe_tokens": [len(p.ids) for p in probes],
+        "initial_kl": trace[0],
+        "best_kl": min(trace),
+        "final_kl": trace[-1],
+        "trace": trace,
+    }
 
 
 def _in_turn(probes: list[Probe], step_tokens: int) -> list[list[Probe]]:

@@ -17,7 +17,7 @@ import torch
 from vkv.compress.autoratio import record_loss
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
-from vkv.compress.distill import build_probes, distill
+from vkv.compress.distill import build_probes, distill, trace_summary
 from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
@@ -148,13 +148,7 @@ def _distilled(lm, ids, span, teacher, prefix, embeddings, positions, config, st
     probes = build_probes(lm, ids, end, teacher, config.distill, start)
     fixed, bias = beside or (None, None)
     embeddings, trace = distill(lm, prefix, embeddings, positions, end, probes, config.distill, fixed, bias)
-    stats["distill"] = {
-        "probe_tokens": [len(p.ids) for p in probes],
-        "initial_kl": trace[0],
-        "best_kl": min(trace),
-        "final_kl": trace[-1],
-        "trace": trace,
-    }
+    stats["distill"] = trace_summary(probes, trace)
     return embeddings
 
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from vkv.compress.compaction import SpanReadout
+from vkv.compress.distill import DistillConfig, build_probes, distill_setting, trace_summary, tune
 from vkv.compress.head_budget import head_budget_setting, per_head_index
 from vkv.compress.kvopt import INITS, optimise_entries
 from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
 from vkv.compress.reference_queries import cap_setting, reference_queries, source_setting
 from vkv.errors import VkvError
-from vkv.kv.segment import Segment
+from vkv.kv.prefix import KVPrefix
+from vkv.kv.segment import MASKED, Segment
 from vkv.methods.base import PerTurnMethod
 from vkv.methods.work import SpanWork
 from vkv.settings import setting
@@ -49,6 +53,11 @@ class KVOpt(PerTurnMethod):
     )
     head_budget: str = head_budget_setting("global")  # KVzip's choice of entries, as kvzip spends it
     chunk: int = chunk_setting()
+    # the end-to-end stage: vkv's distillation settings (one flag each for both), on the repeat probe only
+    distill_steps: int = distill_setting("steps", 0)
+    distill_lr: float = distill_setting("lr", 1e-2)
+    distill_probe_tokens: int = distill_setting("probe_tokens", 128)
+    distill_step_tokens: int = distill_setting("step_tokens", 256)
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         keys, values = work.span_kv()
@@ -72,14 +81,45 @@ class KVOpt(PerTurnMethod):
         except ValueError as exc:
             raise VkvError(f"kvopt: {exc}") from None
         per_head = (layers, kv_heads, -1)
+        entries = free.keys.reshape(*per_head, dim), free.values.reshape(*per_head, dim), free.bias.reshape(per_head)
+        stats = {}
+        if self.distill_steps:
+            entries, stats["distill"] = self._end_to_end(work, *entries, real)
         return work.keep_per_head(
             index,
-            free.values.reshape(*per_head, dim),
-            free.bias.reshape(per_head),
+            entries[1],
+            entries[2],
             None if bool(real.all()) else real,
-            keys=free.keys.reshape(*per_head, dim),
+            keys=entries[0],
+            **stats,
             initial_loss=float(free.start_loss.mean()),
             best_loss=float(free.loss.mean()),
             steps=self.adam_steps,
             reference_queries=queries.shape[2],
+        )
+
+    def _end_to_end(self, work: SpanWork, keys, values, bias, real) -> tuple[tuple, dict]:
+        """The entries (keys, values `[layers, kv_heads, t, head_dim]`, bias `[layers, kv_heads, t]`) after the
+        end-to-end stage: Adam on all three so that the model re-reads the span (the repeat probe) after them as it
+        does after the span itself (KL(full ‖ compressed), `distill.tune`); padding slots stay masked."""
+        if work.kv_start:
+            raise VkvError("kvopt: the end-to-end stage (distill_steps) runs on whole spans; per turn it is not built")
+        config = DistillConfig(
+            self.distill_steps, self.distill_lr, ("repeat",), self.distill_probe_tokens, self.distill_step_tokens
+        ).validate()
+        lm = work.lm
+        probes = build_probes(lm, work.ids, work.end, work.kv, config, work.start)
+        masked = ~real.to(lm.device)
+        params = [
+            t.to(lm.device, torch.float32).clone().requires_grad_(True)
+            for t in (keys, values, bias.to(lm.device).masked_fill(masked, 0.0))
+        ]
+
+        def entries() -> KVPrefix:
+            held = params[2].masked_fill(masked, MASKED)  # a padding slot: no query reaches it, no gradient moves it
+            return KVPrefix([k[None] for k in params[0]], [v[None] for v in params[1]], None, [b[None] for b in held])
+
+        trace = tune(lm, work.prefix(), entries, params, work.end, probes, config)
+        return tuple(p.detach().cpu() for p in params[:2]) + (params[2].detach().masked_fill(masked, MASKED).cpu(),), (
+            trace_summary(probes, trace)
         )
