@@ -60,6 +60,8 @@ class KVOpt(PerTurnMethod):
     distill_step_tokens: int = distill_setting("step_tokens", 256)
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
+        if self.distill_steps and work.kv_start:  # the teacher is the full context, which a turn's work lacks
+            raise VkvError("kvopt: the end-to-end stage (distill_steps) runs on whole spans; per turn it is not built")
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
         index, real = per_head_index(reconstruction_scores(work, self.chunk), budget, self.head_budget)
@@ -102,8 +104,6 @@ class KVOpt(PerTurnMethod):
         """The entries (keys, values `[layers, kv_heads, t, head_dim]`, bias `[layers, kv_heads, t]`) after the
         end-to-end stage: Adam on all three so that the model re-reads the span (the repeat probe) after them as it
         does after the span itself (KL(full ‖ compressed), `distill.tune`); padding slots stay masked."""
-        if work.kv_start:
-            raise VkvError("kvopt: the end-to-end stage (distill_steps) runs on whole spans; per turn it is not built")
         config = DistillConfig(
             self.distill_steps, self.distill_lr, ("repeat",), self.distill_probe_tokens, self.distill_step_tokens
         ).validate()
@@ -120,6 +120,5 @@ class KVOpt(PerTurnMethod):
             return KVPrefix([k[None] for k in params[0]], [v[None] for v in params[1]], None, [b[None] for b in held])
 
         trace = tune(lm, work.prefix(), entries, params, work.end, probes, config)
-        return tuple(p.detach().cpu() for p in params[:2]) + (params[2].detach().masked_fill(masked, MASKED).cpu(),), (
-            trace_summary(probes, trace)
-        )
+        keys, values, bias = (p.detach() for p in params)
+        return (keys.cpu(), values.cpu(), bias.masked_fill(masked, MASKED).cpu()), trace_summary(probes, trace)
