@@ -25,7 +25,9 @@ from vkv.text.transcript import load_transcript
 
 OPTIONS = ("per_turn", "head_budget", "mass")  # crossed, each over every value it declares
 RATIOS = (3.2, 16.0)
-FEWEST_STEPS = {"steps": 1, "adam_steps": 1}  # optimisers take one step: the matrix checks plumbing, not quality
+# optimisers take one step where they are on by default (a stage off by default stays off): the matrix checks
+# plumbing, not quality
+FEWEST_STEPS = {"steps": 1, "adam_steps": 1, "distill_steps": 1}
 
 
 def kv_methods() -> list[str]:
@@ -74,7 +76,8 @@ def build(name: str, options: dict[str, object]):
     """The method with `options` and the fewest optimiser steps, each set where it is declared: on the method, or in
     its recipe (through the recipe's flat keys, so nested settings such as sequential's need no special case)."""
     own, recipe = declared(name)
-    wanted = FEWEST_STEPS | options
+    on = {k: v for k, v in FEWEST_STEPS.items() if (own.get(k) or recipe.get(k)) and (own.get(k) or recipe[k]).default}
+    wanted = on | options
     kwargs = {k: v for k, v in wanted.items() if k in own}
     flat = {k: v for k, v in wanted.items() if k in recipe and k not in kwargs}
     if flat:

@@ -1,5 +1,6 @@
 """KV-space optimisation: KVzip's choice of entries per layer and KV head, then their keys, values and biases moved
-freely by Adam until reference queries read from them what they read from the whole span (compress/kvopt.py)."""
+freely by Adam until reference queries read from them what they read from the whole span (compress/kvopt.py), then
+until the model re-reads the span after them as it does after the span itself (compress/distill.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ class KVOpt(PerTurnMethod):
     from input embeddings as vkv's virtual tokens are. vkv's entries are a subset of these (those some embeddings
     produce), so with the same objective and queries this is the reference vkv can at best reach: an upper bound in
     practice, not a proof (Adam finds a local optimum). Entries start from KVzip's choice (reconstruction scores,
-    split over heads by `head_budget`), with their own keys and values or attention matching's fit on them."""
+    split over heads by `head_budget`), with their own keys and values or attention matching's fit on them; then an
+    end-to-end stage (`distill_steps`) tunes them on the model's own re-reading of the span, as vkv's distillation
+    tunes virtual tokens."""
 
     name = "kvopt"
     reports_steps = True
@@ -53,15 +56,14 @@ class KVOpt(PerTurnMethod):
     )
     head_budget: str = head_budget_setting("global")  # KVzip's choice of entries, as kvzip spends it
     chunk: int = chunk_setting()
-    # the end-to-end stage: vkv's distillation settings (one flag each for both), on the repeat probe only
-    distill_steps: int = distill_setting("steps", 0)
+    # the end-to-end stage: vkv's distillation settings (one flag each for both), on the repeat probe only; on by
+    # default, where the dev screen found it adds to the read-out fit
+    distill_steps: int = distill_setting("steps", 20)
     distill_lr: float = distill_setting("lr", 1e-2)
     distill_probe_tokens: int = distill_setting("probe_tokens", 128)
     distill_step_tokens: int = distill_setting("step_tokens", 256)
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        if self.distill_steps and work.kv_start:  # the teacher is the full context, which a turn's work lacks
-            raise VkvError("kvopt: the end-to-end stage (distill_steps) runs on whole spans; per turn it is not built")
         keys, values = work.span_kv()
         layers, kv_heads, n, dim = keys.shape
         index, real = per_head_index(reconstruction_scores(work, self.chunk), budget, self.head_budget)
@@ -107,8 +109,11 @@ class KVOpt(PerTurnMethod):
         config = DistillConfig(
             self.distill_steps, self.distill_lr, ("repeat",), self.distill_probe_tokens, self.distill_step_tokens
         ).validate()
-        lm = work.lm
-        probes = build_probes(lm, work.ids, work.end, work.kv, config, work.start)
+        lm, prefix = work.lm, work.prefix()
+        # the teacher reads what the model holds before the span is compressed: on a whole span the full context, per
+        # turn the running compressed history and the turn itself
+        teacher = prefix.cat(work.kv.slice(work.start - work.kv_start, work.end - work.kv_start))
+        probes = build_probes(lm, work.ids, work.end, teacher, config, work.start)
         masked = ~real.to(lm.device)
         params = [
             t.to(lm.device, torch.float32).clone().requires_grad_(True)
@@ -119,6 +124,6 @@ class KVOpt(PerTurnMethod):
             held = params[2].masked_fill(masked, MASKED)  # a padding slot: no query reaches it, no gradient moves it
             return KVPrefix([k[None] for k in params[0]], [v[None] for v in params[1]], None, [b[None] for b in held])
 
-        trace = tune(lm, work.prefix(), entries, params, work.end, probes, config)
+        trace = tune(lm, prefix, entries, params, work.end, probes, config)
         keys, values, bias = (p.detach() for p in params)
         return (keys.cpu(), values.cpu(), bias.masked_fill(masked, MASKED).cpu()), trace_summary(probes, trace)
