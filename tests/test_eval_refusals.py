@@ -57,9 +57,14 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
             ["--method", "vkv", "--verbatim-fraction", "0.2"],
             "--verbatim-fraction: none of the methods vkv takes it (it needs --keep-verbatim)",
         ),
+        (["--method", "kvzip", "--steps", "5"], "--steps: none of the methods kvzip takes it (vkv's recipe does)"),
+        (
+            ["--method", "kvopt", "--distill-probes", "summary"],
+            "--distill-probes: none of the methods kvopt takes it (vkv's recipe does)",
+        ),
     ],
 )
-def test_a_multi_turn_flag_no_method_takes_is_refused_before_the_model_loads(flags, refusal, capsys):
+def test_a_recipe_flag_no_method_takes_is_refused_before_the_model_loads(flags, refusal, capsys):
     assert main(["eval", str(FIXTURES / "mini-agent.json"), "--model", "smollm2-135m", *flags]) == 2
     assert refusal in " ".join(capsys.readouterr().err.split())
 

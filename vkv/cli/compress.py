@@ -126,7 +126,8 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
     """Any registered KV method, through the same steps as `vkv eval` (vkv.compress_api.compress_with)."""
     name, cls = command.method, METHODS[command.method]
     defaults = {s.key: s.default for s in flat_settings(MultiTurnConfig)}
-    recipe_given = [k for k, v in recipe_flags(args).items() if k != "seed" and v != defaults[k]]
+    shared = set(given)  # a setting the method declares too (--head-budget, --distill-steps) is its own option
+    recipe_given = [k for k, v in recipe_flags(args).items() if k != "seed" and k not in shared and v != defaults[k]]
     if recipe_given and cls.recipe_class is None:
         raise VkvError(
             f"--{recipe_given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{name}' has none"

@@ -123,16 +123,25 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
 
 
 def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
-    """Refuse a flag of vkv's multi-turn recipe that none of the methods evaluated takes (the per-turn ratio and the
-    target source belong to vkv per turn, the verbatim tokens' settings to the methods that keep them), rather than
-    run without it."""
+    """Refuse a flag of vkv's recipe that none of the methods evaluated takes, rather than run without it: the
+    whole-span settings belong to the methods with a recipe (vkv's modes), the per-turn ratio and the target source to
+    vkv per turn, the verbatim tokens' settings to the methods that keep them. A setting a method also declares
+    (`--head-budget`, `--distill-steps`, …) is checked with the methods' options (`given_options`)."""
     whole_span = {s.key for s in flat_settings(CompressConfig)} | {"keep_verbatim"}  # the switch picks the method
+    shared = set(method_options())
     for s in flat_settings(MultiTurnConfig):
         given = getattr(args, s.key, None)
-        if s.key in whole_span or given is None or given == s.default:
+        if given is None or given == s.default or s.key in shared or s.key == "keep_verbatim":
             continue
         verbatim = s.key.startswith("verbatim_")
-        if not any(c.recipe_class is MultiTurnConfig or (verbatim and "verbatim" in c.option_names()) for c in classes):
+        if s.key in whole_span:
+            if not any(c.recipe_class is not None for c in classes):
+                raise VkvError(
+                    f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (vkv's recipe does)"
+                )
+        elif not any(
+            c.recipe_class is MultiTurnConfig or (verbatim and "verbatim" in c.option_names()) for c in classes
+        ):
             needs = "--keep-verbatim" if verbatim else "--per-turn"
             raise VkvError(
                 f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (it needs {needs})"
