@@ -64,14 +64,14 @@ class KVOpt(PerTurnMethod):
     distill_step_tokens: int = distill_setting("step_tokens", 256)
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        keys, values = work.span_kv()
-        layers, kv_heads, n, dim = keys.shape
+        span_keys, span_values = work.span_kv()
+        layers, kv_heads, n, dim = span_keys.shape
         index, real = per_head_index(reconstruction_scores(work, self.chunk), budget, self.head_budget)
         queries = reference_queries(work, self.queries, self.max_queries, self.chunk)
         rows = layers * kv_heads
         try:
             free = optimise_entries(
-                SpanReadout.per_head(queries, keys, values),
+                SpanReadout.per_head(queries, span_keys, span_values),
                 index.reshape(rows, -1),
                 real.reshape(rows, -1),
                 kv_heads,
@@ -85,16 +85,20 @@ class KVOpt(PerTurnMethod):
         except ValueError as exc:
             raise VkvError(f"kvopt: {exc}") from None
         per_head = (layers, kv_heads, -1)
-        entries = free.keys.reshape(*per_head, dim), free.values.reshape(*per_head, dim), free.bias.reshape(per_head)
+        keys, values, bias = (
+            free.keys.reshape(*per_head, dim),
+            free.values.reshape(*per_head, dim),
+            free.bias.reshape(per_head),
+        )
         stats = {}
         if self.distill_steps:
-            entries, stats["distill"] = self._end_to_end(work, *entries, real)
+            (keys, values, bias), stats["distill"] = self._end_to_end(work, keys, values, bias, real)
         return work.keep_per_head(
             index,
-            entries[1],
-            entries[2],
+            values,
+            bias,
             None if bool(real.all()) else real,
-            keys=entries[0],
+            keys=keys,
             **stats,
             initial_loss=float(free.start_loss.mean()),
             best_loss=float(free.loss.mean()),
