@@ -44,12 +44,12 @@ import torch
 
 from vkv.cli.eval import eval_units
 from vkv.compress.head_budget import per_head_index
+from vkv.compress.work import SpanWork
 from vkv.evals.intervals import paired_difference, window_bootstrap
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.lm.load import load_model, resolve_model_path
 from vkv.methods import get_method
 from vkv.methods.base import Method
-from vkv.methods.work import SpanWork
 from vkv.sweep.variants import question_values
 from vkv.text.transcript import render
 

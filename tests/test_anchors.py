@@ -16,6 +16,7 @@ from vkv.compress.reconstruction import (
     ReconstructionPass,
     assistant_header,
 )
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
@@ -23,7 +24,6 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.attention import query_hooks
 from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
-from vkv.methods.work import SpanWork
 from vkv.text.transcript import load_transcript
 
 

@@ -271,7 +271,7 @@ def test_text_methods_per_turn_prune_each_message_with_the_request_known_then(ev
 @pytest.mark.parametrize("name", ["truncate", "streaming", "knorm", "snapkv", "am", "kvzip", "kvopt"])
 def test_budget_methods_per_turn_keep_each_turns_share_from_its_own_view(evaluation, name):
     from vkv.compress.budget import allocate
-    from vkv.compress.sequential import message_turns
+    from vkv.compress.turn import message_turns
 
     work = evaluation.work
     group = get_method(name, per_turn=True).compress(work, 2.0)
@@ -294,11 +294,11 @@ def test_budget_methods_per_turn_keep_each_turns_share_from_its_own_view(evaluat
 
 
 def test_turn_attention_on_an_uncompressed_history_equals_the_full_forward(evaluation):
-    from vkv.compress.sequential import message_turns
+    from vkv.compress.turn import message_turns
+    from vkv.compress.work import TurnWork
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
     from vkv.lm.attention import attention_to_span
-    from vkv.methods.work import TurnWork
 
     work = evaluation.work
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]
@@ -315,10 +315,10 @@ def test_turn_attention_weighs_a_biased_history_as_its_entries_count(evaluation)
     (the snapkv window's, per turn) adds the history's bias as the decoding cache does."""
     import math
 
-    from vkv.compress.sequential import message_turns
+    from vkv.compress.turn import message_turns
+    from vkv.compress.work import TurnWork
     from vkv.kv.segment import verbatim_segment
     from vkv.kv.spliced import SplicedCache
-    from vkv.methods.work import TurnWork
 
     work = evaluation.work
     turn = message_turns(work.message_starts, work.message_roles, work.start, work.end)[2]

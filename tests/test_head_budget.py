@@ -17,8 +17,10 @@ from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import Blocks
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns, message_turns
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns
 from vkv.compress.single import compress_span
+from vkv.compress.turn import message_turns
+from vkv.compress.work import SpanWork, TurnWork
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import read_header, save_cache
@@ -28,7 +30,6 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
 from vkv.lm.rebuild import load_cache
 from vkv.methods import get_method
-from vkv.methods.work import SpanWork, TurnWork
 from vkv.text.transcript import load_transcript
 
 

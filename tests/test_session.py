@@ -10,8 +10,9 @@ from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns, message_turns
+from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 from vkv.compress.session import Session
+from vkv.compress.turn import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import cache_metadata, read_header, save_cache

@@ -21,23 +21,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from vkv import upgrade
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
-from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
-from vkv.compress.single import render_within_positions, virtual_segment
+from vkv.compress.reconstruction import reconstruction_scores
+from vkv.compress.single import fitted_verbatim, render_within_positions, virtual_segment
 from vkv.compress.targets import target_kind
+from vkv.compress.turn import Turn, TurnView, message_turns, view_on_cache
+from vkv.compress.work import TurnWork
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
-from vkv.lm.capture import Activations, capture_span, projection_hooks
+from vkv.lm.capture import Activations, capture_span
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import Config, nested, setting
@@ -89,50 +89,6 @@ class MultiTurnConfig(Config):
         return upgrade.multiturn(d)
 
 
-@dataclass(frozen=True)
-class Turn:
-    """Messages [first, last) of a conversation occupying token ids [start, end)."""
-
-    first: int
-    last: int
-    role: str | None
-    start: int
-    end: int
-
-    @property
-    def length(self) -> int:
-        return self.end - self.start
-
-    @property
-    def label(self) -> str:
-        return str(self.first) if self.last == self.first + 1 else f"{self.first}-{self.last - 1}"
-
-
-def message_turns(message_starts: list[int], roles: list[str] | None, start: int, end: int) -> list[Turn]:
-    """One Turn per message overlapping token range [start, end) (the first may begin at `start`)."""
-    turns = []
-    for i, s in enumerate(message_starts):
-        e = message_starts[i + 1] if i + 1 < len(message_starts) else None
-        lo, hi = max(s, start), min(e if e is not None else end, end)
-        if lo < hi:
-            turns.append(Turn(i, i + 1, roles[i] if roles else None, lo, hi))
-    return turns
-
-
-# ---- what the model computes for a turn's real tokens --------------------------------------------
-
-
-@dataclass
-class TurnView:
-    """A turn's real tokens as the model computed them on top of some history."""
-
-    acts: Activations  # V, pre-RoPE K and surprisal over [start, end)
-    kv: KVPrefix  # the turn's own K/V, `[1, kv_heads, length, head_dim]` per layer
-
-    def verbatim(self) -> Segment:
-        return verbatim_segment(self.kv, self.acts.start)
-
-
 class FullHistory:
     """The uncompressed conversation: activations over [acts.start, acts.end) and K/V of every token before."""
 
@@ -164,26 +120,6 @@ class FullHistory:
         segment = verbatim_segment(self.kv.slice(turn.start, turn.end), turn.start)
         segment.stats = turn_stats(turn)
         return segment
-
-
-def view_on_cache(lm: FrozenLM, cache: SplicedCache, ids: list[int], turn: Turn, queries: bool = False) -> TurnView:
-    """Feed the turn's real tokens on top of the running cache (not changing it) and record what they give
-    (with `queries`, the turn's pre-RoPE queries too)."""
-    if cache.next_position != turn.start:
-        raise VkvError(
-            f"the running cache ends at position {cache.next_position}, not at the turn's start {turn.start}"
-        )
-    context = Context(lm, cache)
-    with projection_hooks(lm, 0, turn.length, queries) as store:
-        logits = context.feed(ids[turn.start : turn.end])
-    turn_ids = torch.tensor(ids[turn.start : turn.end])
-    nll = -torch.log_softmax(logits[:-1], -1).gather(-1, turn_ids[1:, None].to(logits.device))[:, 0].cpu()
-    surprisal = torch.cat([torch.full((1,), float("nan")), nll])  # the first token's predictor is not kept
-    values, keys = torch.stack(store["values"]), torch.stack(store["keys_pre_rope"])
-    acts = Activations(
-        values, keys, surprisal, turn.start, turn.end, torch.stack(store["queries_pre_rope"]) if queries else None
-    )
-    return TurnView(acts, context.cache.fed())
 
 
 def append_verbatim(lm: FrozenLM, cache: SplicedCache, ids: list[int], turns: list[Turn]) -> None:
@@ -287,18 +223,13 @@ def compress_virtual_turns(
     return compress_turns(lm, ids, turns, cache, budgets, compress_turn, queries, on_turn)
 
 
-def turn_scores(lm: FrozenLM, ids: list[int], turn: Turn, view: TurnView, running: SplicedCache) -> torch.Tensor:
-    """KVzip's importance of the turn's entries `[layers, kv_heads, length]`: the reconstruction pass read out on top
-    of the running cache (not changed) and the turn's K/V as `view` holds them, the cache they will be used in."""
-    span = ids[turn.start : turn.end]
-    return ReconstructionPass.run_on(lm, span, turn.start, running.fork(), view.kv, DEFAULT_CHUNK, score=True).scores
-
-
 def _turn_segment(
     lm, ids, turn: Turn, view: TurnView, running: SplicedCache, budget: int, config: MultiTurnConfig, message_starts
 ) -> Segment:
-    prefix = lm.prefix(running)
-    scores = turn_scores(lm, ids, turn, view, running) if config.compress.needs_reconstruction else None
+    work = TurnWork.fed(lm, ids, message_starts, None, config.compress.optim.seed, running, turn, view)
+    prefix = work.prefix()
+    # kvzip's importance of the turn's entries, read out on top of the running cache they will be used in
+    scores = reconstruction_scores(work) if config.compress.needs_reconstruction else None
 
     def build(entries: int) -> Segment:
         if config.keep_verbatim:
@@ -314,8 +245,18 @@ def _turn_segment(
                 message_starts,
                 token_scores=scores,
             )
+        verbatim = fitted_verbatim(work, config.compress, entries)
         return virtual_segment(
-            lm, ids, view.acts, prefix, config.compress, entries, message_starts, token_scores=scores, span_kv=view.kv
+            lm,
+            ids,
+            view.acts,
+            prefix,
+            config.compress,
+            entries,
+            message_starts,
+            token_scores=scores,
+            span_kv=view.kv,
+            verbatim=verbatim,
         )
 
     if config.auto_ratio:

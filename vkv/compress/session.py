@@ -26,11 +26,11 @@ from vkv.compress.budget import DEFAULT_RATIO, allocate, span_budget
 from vkv.compress.sequential import (
     FullHistory,
     MultiTurnConfig,
-    Turn,
     append_verbatim,
     compress_turns,
     compress_virtual_turns,
 )
+from vkv.compress.turn import Turn
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, save_cache, trusted_header
 from vkv.kv.report import cache_rows, report_totals

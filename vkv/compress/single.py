@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from vkv.compress.attention_matching import AttentionMatchingFit
 from vkv.compress.autoratio import record_loss
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
@@ -21,7 +22,8 @@ from vkv.compress.distill import build_probes, distill, trace_summary
 from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
-from vkv.compress.reconstruction import DEFAULT_CHUNK, ReconstructionPass
+from vkv.compress.reconstruction import reconstruction_scores
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
@@ -62,8 +64,9 @@ def virtual_segment(
     split = HeadSplit.of(budget, config.verbatim_share)
     if (verbatim is None) != (config.verbatim_source == "kvzip"):
         raise VkvError(
-            f"field verbatim_source: {config.verbatim_source}'s verbatim part is fitted by the vkv method (vkv eval, "
-            "vkv sweep, vkv compress --method vkv); this path keeps kvzip's entries"
+            f"field verbatim_source: a {config.verbatim_source} recipe's verbatim part is fitted on the span before "
+            "the virtual tokens (fitted_verbatim), and this call gave "
+            + ("none" if verbatim is None else "one for a recipe that keeps the span's own entries")
         )
     problem = SpanProblem.build(
         lm,
@@ -162,6 +165,39 @@ def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor,
     return interleaved(own, virtual)[0].compacted()
 
 
+def fitted_verbatim(work: SpanWork, config: CompressConfig, budget: int) -> Verbatim | None:
+    """A per-head hybrid's verbatim part fitted by another method on the work's span or turn (`verbatim_source`): am's
+    compaction at the verbatim share of `budget`; None where each head keeps the span's own entries (kvzip)."""
+    config = config.validate()
+    if config.verbatim_source != "am":
+        return None
+    compaction, _ = AttentionMatchingFit().compaction(work, HeadSplit.of(budget, config.verbatim_share).verbatim)
+    return Verbatim.fitted(*work.span_kv(), compaction)
+
+
+def span_segment(
+    work: SpanWork, config: CompressConfig, budget: int, on_step: Callable[[int, float], None] | None = None
+) -> Segment:
+    """vkv's virtual tokens standing for the work's whole span, `budget` entries per KV head (`vkv eval`'s method vkv
+    and `compress_span` alike): the reconstruction pass ranks each head's share when the recipe asks for it, and the
+    full-context K/V are the distillation's teacher."""
+    config = config.validate()
+    return virtual_segment(
+        work.lm,
+        work.ids,
+        work.acts,
+        work.prefix(),
+        config,
+        budget,
+        work.message_starts,
+        work.attention,
+        on_step,
+        teacher=work.kv,
+        token_scores=reconstruction_scores(work) if config.needs_reconstruction else None,
+        verbatim=fitted_verbatim(work, config, budget),
+    )
+
+
 def compress_span(
     lm: FrozenLM,
     ids: list[int],
@@ -179,30 +215,8 @@ def compress_span(
     budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
     config = config.validate()
     acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
-    full = KVPrefix.from_cache(cache)  # ids[:end]
-    scores = None
-    if config.needs_reconstruction:
-        context = SplicedCache()
-        if start > 0:
-            context.append(verbatim_segment(full.slice(0, start), 0))
-        read_out = ReconstructionPass.run_on(
-            lm, ids[start:end], start, context, full.slice(start, end), DEFAULT_CHUNK, True
-        )
-        scores = read_out.scores
-    segment = virtual_segment(
-        lm,
-        ids,
-        acts,
-        full.slice(0, start),
-        config,
-        budget,
-        message_starts,
-        attention,
-        on_step,
-        teacher=full,
-        token_scores=scores,
-    )
-    return splice(lm, full, start, end, segment, ids[end:])
+    work = SpanWork(lm, list(ids), start, end, KVPrefix.from_cache(cache), acts, message_starts, attention=attention)
+    return splice(lm, work.kv, start, end, span_segment(work, config, budget, on_step), ids[end:])
 
 
 def render_within_positions(lm: FrozenLM, transcript):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.methods.am import AttentionMatching
-from vkv.methods.base import Method, SpanWork
+from vkv.methods.base import Method
 from vkv.methods.full import Full
 from vkv.methods.hybrid import Hybrid
 from vkv.methods.knorm import KeyNorm

@@ -1,77 +1,24 @@
-"""Attention matching (Zweiger et al. 2026): per layer and KV head, some of the span's keys with fitted biases and
-refitted values, so that reference queries read the same from the span and give it the same share of attention
-(compress/compaction.py), as the paper's reference code runs its headline rows."""
+"""Attention matching (Zweiger et al. 2026) as a method: the span's compaction (compress/attention_matching.py) kept
+as each head's entries."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from vkv.compress.compaction import (
-    BIASES,
-    SELECTIONS,
-    Compaction,
-    SpanReadout,
-    check_options,
-    compact_rows,
-    head_counts,
-)
-from vkv.compress.compaction import row_stats as stats_of
-from vkv.compress.head_budget import head_budget_setting
-from vkv.compress.on_policy import FitOptions, compact_on_policy
-from vkv.compress.reconstruction import chunk_setting, reconstruction_pass
-from vkv.compress.reference_queries import (
-    cap_setting,
-    reference_queries,
-    source_setting,
-    token_subset,
-)
-from vkv.errors import VkvError
+from vkv.compress.attention_matching import AttentionMatchingFit
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
 from vkv.methods.base import PerTurnMethod
-from vkv.methods.work import SpanWork
-from vkv.progress import counted
-from vkv.settings import setting
 
 
 @dataclass
-class AttentionMatching(PerTurnMethod):
+class AttentionMatching(PerTurnMethod, AttentionMatchingFit):
     """Zweiger et al. 2026, question-free, the reference's fast headline variant by default: reference queries from
     the model reading the span out again (all of them up to a cap), each layer's taken with the earlier layers
     already compacted; keys by RMS attention; β by the reference's bounded NNLS; values by least squares; one budget
     over every layer and head by the keys' scores, no head above 0.75 of the span."""
 
     name = "am"
-    selection: str = setting(
-        "rms",
-        "how each head's keys are chosen: rms, the highest root-mean-square attention over the reference queries; mean, "
-        "the highest mean attention; omp, orthogonal matching pursuit on the masses (slower)",
-        SELECTIONS,
-    )
-    bias: str = setting(
-        "nnls",
-        "each kept entry's bias: nnls, the reference's bounded least squares on absolute masses; fit, exact NNLS on "
-        "each query's relative mass; shared, log(n / t) for every entry; none",
-        BIASES,
-    )
-    values: str = setting(
-        "refit", "refit: least squares on the read-outs; keep: the kept entries' own values", ("refit", "keep")
-    )
-    ridge: float = setting(
-        0.0, "pulls refitted values toward the kept entries' own (0: plain least squares)", minimum=0
-    )
-    queries: str = source_setting()
-    max_queries: int = cap_setting()
-    on_policy: bool = setting(
-        True, "take each layer's read-out queries with the earlier layers already compacted (repeat queries only)"
-    )
-    head_budget: str = head_budget_setting("global")
-    head_cap: float = setting(
-        0.75, "no head keeps more than this share of the span when entries move between heads", minimum=0, above=True
-    )
-    omp_step: int = setting(1, "keys OMP picks between refits of their weights (the reference's k_choice)", minimum=1)
-    chunk: int = chunk_setting()
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
         result, count = self.compaction(work, budget)
@@ -84,51 +31,3 @@ class AttentionMatching(PerTurnMethod):
             None if bool(result.real.all()) else result.real.reshape(shape),
             reference_queries=count,
         )
-
-    def compaction(self, work: SpanWork, budget: int) -> tuple[Compaction, int]:
-        """The span compacted to `budget` entries per KV head on average (rows layer-major), and the reference
-        queries each KV head's fit read."""
-        keys, values = work.span_kv()
-        if self.head_cap > 1:
-            raise VkvError(f"am: head_cap is a share of the span, at most 1, not {self.head_cap}")
-        try:
-            check_options(self.selection, self.bias, self.values, self.head_budget)
-            return self._compact(work, keys, values, budget)
-        except ValueError as exc:
-            raise VkvError(f"am: {exc}") from None
-
-    def _compact(self, work: SpanWork, keys: torch.Tensor, values: torch.Tensor, budget: int):
-        """(the Compaction of every row, the reference queries per KV head); the rows' statistics, then with
-        `on_policy` the layers in order, are counted on stderr."""
-        layers, kv_heads, n, _ = keys.shape
-        queries = reference_queries(work, self.queries, self.max_queries, self.chunk)  # [layers, kv_heads, m, D]
-        readout = SpanReadout.per_head(queries, keys, values)
-        label = f"am: {work.span_length} tokens, {queries.shape[2]} queries per head"
-        with counted(label, layers * kv_heads + (layers if self.live else 0)) as done:
-            stats = []
-            for r in range(layers * kv_heads):
-                stats.append(stats_of(readout.queries[r], readout.keys[r], readout.values[r]))
-                done()
-            scores = torch.stack([s.key_scores(self.selection) for s in stats]).reshape(layers, kv_heads, n)
-            counts, index = head_counts(scores, budget, self.head_budget, self.head_cap)
-            fixed = index if self.head_budget == "shared" else None
-            options = FitOptions(self.selection, self.bias, self.values, self.ridge, self.omp_step)
-            if not self.live:
-                flat = None if fixed is None else fixed.reshape(layers * kv_heads, -1)
-                args = (options.selection, options.bias, options.values, options.ridge, flat, options.omp_step, stats)
-                return compact_rows(readout, counts.reshape(-1), *args), queries.shape[2]
-            del stats, readout
-            picked = token_subset(
-                work.lm, reconstruction_pass(work, self.chunk).queries.shape[2], self.max_queries, work.seed
-            )
-            repeat = len(picked) * (work.lm.spec.num_heads // kv_heads)
-            extra = queries[:, :, repeat:] if queries.shape[2] > repeat else None  # the span's own, kept as they are
-            result: Compaction = compact_on_policy(
-                work, keys, values, counts, picked, options, self.chunk, fixed, extra, lambda _: done()
-            )
-        return result, queries.shape[2]
-
-    @property
-    def live(self) -> bool:
-        """Whether each layer's read-out queries are taken on-policy."""
-        return self.on_policy and self.queries in ("repeat", "repeat+span")

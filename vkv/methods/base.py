@@ -7,10 +7,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.lm.frozen import FrozenLM
 from vkv.methods.turns import compress_per_turn, turn_compressor
-from vkv.methods.work import SpanWork, TextWork
+from vkv.methods.work import TextWork
 from vkv.settings import check_value, flat_settings, setting
 
 

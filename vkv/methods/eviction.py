@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import head_budget_setting, per_head_index
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment, mass_bias
 from vkv.methods.base import PerTurnMethod
-from vkv.methods.work import SpanWork
 from vkv.settings import setting
 
 MASS_RULES = ("none", "nearest")

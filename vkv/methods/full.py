@@ -1,8 +1,8 @@
 from dataclasses import dataclass
 
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
 from vkv.methods.base import Method
-from vkv.methods.work import SpanWork
 
 
 @dataclass

@@ -4,9 +4,9 @@ from typing import ClassVar
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.reconstruction import reconstruction_scores
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
 from vkv.methods.base import BudgetMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass

@@ -3,8 +3,8 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.work import SpanWork
 from vkv.methods.eviction import ScorerMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass

@@ -14,11 +14,11 @@ from vkv.compress.head_budget import head_budget_setting, per_head_index
 from vkv.compress.kvopt import INITS, optimise_entries
 from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
 from vkv.compress.reference_queries import cap_setting, reference_queries, source_setting
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import MASKED, Segment
 from vkv.methods.base import PerTurnMethod
-from vkv.methods.work import SpanWork
 from vkv.settings import setting
 
 KVOPT_QUERIES = 1536  # per KV head: the 512 per query head of SmolLM2-135M's groups of three kvopt was measured with

@@ -12,8 +12,8 @@ import torch
 
 from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.reconstruction import chunk_setting, normalisation_setting, reconstruction_scores
+from vkv.compress.work import SpanWork
 from vkv.methods.eviction import ScorerMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass

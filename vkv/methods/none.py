@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 
+from vkv.compress.work import SpanWork
 from vkv.methods.base import Method
-from vkv.methods.work import SpanWork
 
 
 @dataclass

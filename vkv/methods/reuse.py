@@ -19,13 +19,13 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import message_turns
+from vkv.compress.turn import message_turns
+from vkv.compress.work import SpanWork, TurnWork
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.rebuild import virtual_kv
 from vkv.methods.base import BudgetMethod, Method
-from vkv.methods.work import SpanWork, TurnWork
 from vkv.settings import setting
 
 CARRIES = ("reencode", "as-is", "fresh")

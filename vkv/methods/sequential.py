@@ -1,12 +1,13 @@
 from dataclasses import dataclass
 from typing import ClassVar
 
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns, message_turns
+from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns
+from vkv.compress.turn import message_turns
+from vkv.compress.work import SpanWork
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import BudgetMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass

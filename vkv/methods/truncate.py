@@ -2,8 +2,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.work import SpanWork
 from vkv.methods.eviction import EvictionMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass

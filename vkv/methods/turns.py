@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vkv.compress.budget import allocate
-from vkv.compress.sequential import Turn, TurnView, compress_turns, message_turns
+from vkv.compress.sequential import compress_turns
+from vkv.compress.turn import Turn, TurnView, message_turns
+from vkv.compress.work import SpanWork, TurnWork
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
-from vkv.methods.work import SpanWork, TurnWork
 
 
 def compress_per_turn(work: SpanWork, budget: int, compress_to: Callable[[SpanWork, int], Segment]) -> SegmentGroup:

@@ -2,13 +2,10 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.head_hybrid import HeadSplit, Verbatim
-from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.single import virtual_segment
+from vkv.compress.single import span_segment
+from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
-from vkv.methods.am import AttentionMatching
 from vkv.methods.base import BudgetMethod
-from vkv.methods.work import SpanWork
 
 
 @dataclass
@@ -28,25 +25,7 @@ class VirtualTokens(BudgetMethod):
         return self.settings().pooling == "attention"
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        recipe = self.settings()
-        verbatim = None
-        if recipe.verbatim_source == "am":
-            compaction, _ = AttentionMatching().compaction(work, HeadSplit.of(budget, recipe.verbatim_share).verbatim)
-            verbatim = Verbatim.fitted(*work.span_kv(), compaction)
-        return virtual_segment(
-            work.lm,
-            work.ids,
-            work.acts,
-            work.prefix(),
-            recipe,
-            budget,
-            work.message_starts,
-            work.attention,
-            on_step,
-            teacher=work.kv,
-            token_scores=reconstruction_scores(work) if recipe.needs_reconstruction else None,
-            verbatim=verbatim,
-        )
+        return span_segment(work, self.settings(), budget, on_step)
 
     def config(self) -> dict:
         return self.settings().to_dict()
