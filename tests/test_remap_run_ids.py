@@ -42,7 +42,7 @@ def test_a_changed_default_is_a_different_run():
 
 
 def test_a_setting_added_inside_a_nested_config_at_its_declared_default_is_a_new_spelling():
-    old = record({"method": "vkv"}, drop="verbatim_source")
+    old = record({"method": "vkv"}, drop="oversample")
     del old["identity"]["config"]["distill"]["step_tokens"]  # added to the distillation's settings since
     new = remapped(old)
     assert new["identity"]["config"]["distill"]["step_tokens"] == 0 and new["run_id"] != "0" * 16

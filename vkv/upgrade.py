@@ -42,13 +42,14 @@ def recipe(d: dict[str, Any] | None) -> dict[str, Any]:
     """vkv's recipe (CompressConfig) as earlier versions saved it, in today's spelling and with the meaning it had
     then: the ratio lived in the recipe before each command took its own, `head_share` (all, uniform, adaptive)
     became the `head_budget` every method shares (shared, uniform, adaptive), and a recipe saved before a setting
-    existed ran without it (share_scores readout, no verbatim share, no logit offset; every saved recipe records
-    proportional_attention)."""
+    existed ran without it (share_scores readout, no verbatim share, no logit offset, a verbatim part of the span's
+    own entries; every saved recipe records proportional_attention)."""
     d = {k: v for k, v in (d or {}).items() if k != "ratio"}
     if d:
         d.setdefault("share_scores", "readout")
         d.setdefault("verbatim_share", 0.0)
         d.setdefault("virtual_offset", 0.0)
+        d.setdefault("verbatim_source", "kvzip")
     if "head_share" in d:
         share = d.pop("head_share")
         d.setdefault("head_budget", "shared" if share == "all" else share)

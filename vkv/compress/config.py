@@ -18,6 +18,7 @@ from vkv.settings import Config, check_ranges, nested, setting
 BOUNDARIES = ("equal", "lines", "surprisal")
 SHARE_SCORES = ("readout", "reconstruction")
 VERBATIM_SOURCES = ("kvzip", "am")
+DEFAULT_VERBATIM_SOURCE = "am"  # chosen on the long dev split's 2,048-token windows at 8x and 16x (evals/RESULTS.md)
 DEFAULT_VERBATIM_SHARE = 0.9  # chosen on the long dev split at 8x and 16x (evals/RESULTS.md, issue 33)
 DEFAULT_VIRTUAL_OFFSET = -4.0  # chosen on the long dev split's whole sessions at 3.2x (evals/RESULTS.md, issue 33)
 
@@ -82,11 +83,12 @@ class CompressConfig(Config):
         minimum=0,
         below=1,
     )
-    verbatim_source: str = setting(
-        "kvzip",
+    verbatim_source: str | None = setting(
+        None,
         "with a verbatim share: what each KV head keeps verbatim. kvzip: the span's own entries its reconstruction "
         "importance ranks best; am: attention matching's compaction at the verbatim share of the budget (its kept "
-        "keys, fitted biases and refitted values)",
+        f"keys, fitted biases and refitted values) (default: {DEFAULT_VERBATIM_SOURCE} beside a verbatim share, else "
+        "kvzip: no head keeps a verbatim part)",
         VERBATIM_SOURCES,
     )
     virtual_offset: float | None = setting(
@@ -134,20 +136,33 @@ class CompressConfig(Config):
     def _resolved(self) -> CompressConfig:
         """This recipe with the settings whose default depends on the rest of it filled in (None: not given), so that
         what runs and what is recorded are the same numbers: a per-head verbatim share where the recipe allows verbatim
-        entries, proportional attention only for virtual tokens alone, and a logit offset only beside verbatim
-        entries."""
-        share, proportional = self.verbatim_share, self.proportional_attention
+        entries, am's compaction as that share, proportional attention only for virtual tokens alone, and a logit
+        offset only beside verbatim entries."""
+        share, proportional, source = self.verbatim_share, self.proportional_attention, self.verbatim_source
         if share is None:
             allowed = self.head_verbatim and self.needs_reconstruction and not self.fit_bias
             share = DEFAULT_VERBATIM_SHARE if allowed else 0.0
+        if source is None:
+            source = DEFAULT_VERBATIM_SOURCE if share else "kvzip"
+        elif source not in VERBATIM_SOURCES:  # a None default leaves the choice to this check
+            raise VkvError(
+                f"field verbatim_source: unknown value {source!r}; choose one of {', '.join(VERBATIM_SOURCES)}"
+            )
         if proportional is None:
             proportional = not share
         offset = self.virtual_offset
         if offset is None:
             offset = DEFAULT_VIRTUAL_OFFSET if share else 0.0
-        if (share, proportional, offset) == (self.verbatim_share, self.proportional_attention, self.virtual_offset):
+        resolved = (share, proportional, offset, source)
+        if resolved == (self.verbatim_share, self.proportional_attention, self.virtual_offset, self.verbatim_source):
             return self
-        return replace(self, verbatim_share=share, proportional_attention=proportional, virtual_offset=offset)
+        return replace(
+            self,
+            verbatim_share=share,
+            proportional_attention=proportional,
+            virtual_offset=offset,
+            verbatim_source=source,
+        )
 
     @classmethod
     def of(cls, recipe: CompressConfig | None) -> CompressConfig:
