@@ -111,7 +111,9 @@ def test_the_fixed_part_and_the_virtual_bias_enter_the_students_context(tiny_lla
 
 def test_distillation_beside_a_per_head_verbatim_share_tunes_only_the_virtual_tokens(tiny_llama, problem):
     ids, start, end, _ = problem
-    base = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=2))
+    base = CompressConfig(
+        head_budget="uniform", verbatim_share=0.5, verbatim_source="kvzip", oversample=2.0, optim=OptimConfig(steps=2)
+    )
     distilled = replace(base, distill=DistillConfig(steps=2, probes=("repeat",), probe_tokens=16))
     plain = [s for s in compress_span(tiny_llama, ids, start, end, 3.0, base).segments if s.kind == "compact"][0]
     tuned = [s for s in compress_span(tiny_llama, ids, start, end, 3.0, distilled).segments if s.kind == "compact"][0]

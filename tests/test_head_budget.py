@@ -8,8 +8,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tests.conftest import FIXTURES
+from vkv import upgrade
 from vkv.compress.budget import allocate
-from vkv.compress.config import DEFAULT_VERBATIM_SHARE, DEFAULT_VIRTUAL_OFFSET, CompressConfig
+from vkv.compress.config import DEFAULT_VERBATIM_SHARE, DEFAULT_VERBATIM_SOURCE, DEFAULT_VIRTUAL_OFFSET, CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, choose_verbatim, hybrid_segment, verbatim_share
@@ -324,6 +325,7 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
     recipe = CompressConfig(
         head_budget=rule,
         verbatim_share=0.5,
+        verbatim_source="kvzip",
         proportional_attention=True,  # so a virtual token's bias says which block it stands for
         oversample=2.0,
         optim=OptimConfig(steps=1),
@@ -382,7 +384,12 @@ def test_virtual_offset_shifts_only_the_virtual_tokens_logits_beside_verbatim_en
     the read-out of each head's verbatim entries alone."""
     work = evaluation.work
     base = CompressConfig(
-        head_budget="uniform", verbatim_share=0.5, virtual_offset=0.0, oversample=2.0, optim=OptimConfig(steps=1)
+        head_budget="uniform",
+        verbatim_share=0.5,
+        verbatim_source="kvzip",  # own entries at bias 0, so that only the offset moves a bias
+        virtual_offset=0.0,
+        oversample=2.0,
+        optim=OptimConfig(steps=1),
     )
     plain = get_method("vkv", recipe=base).compress(work, 3.0)
     shifted = get_method("vkv", recipe=replace(base, virtual_offset=-3.0)).compress(work, 3.0)
@@ -464,15 +471,20 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
     """The default share and proportional attention follow the rest of the recipe, resolved where it is validated (so
     what runs is what is recorded); an explicit value is kept, and an older file's recipe keeps the meaning it had."""
     default = CompressConfig().validate()
-    assert (default.share_scores, default.verbatim_share, default.proportional_attention, default.virtual_offset) == (
-        "reconstruction",
-        DEFAULT_VERBATIM_SHARE,
-        False,
-        DEFAULT_VIRTUAL_OFFSET,
-    )
+    assert (
+        default.share_scores,
+        default.verbatim_share,
+        default.verbatim_source,
+        default.proportional_attention,
+        default.virtual_offset,
+    ) == ("reconstruction", DEFAULT_VERBATIM_SHARE, DEFAULT_VERBATIM_SOURCE, False, DEFAULT_VIRTUAL_OFFSET)
     for virtual_only in ({"head_budget": "shared"}, {"share_scores": "readout"}, {"fit_bias": True}):
         config = CompressConfig(**virtual_only).validate()
         assert config.verbatim_share == 0.0 and config.proportional_attention is True and config.virtual_offset == 0
+        assert config.verbatim_source == "kvzip"  # no verbatim part to fit
+    assert CompressConfig(verbatim_share=0.5, verbatim_source="kvzip").validate().verbatim_source == "kvzip"
+    saved = {"verbatim_share": 0.9, "share_scores": "reconstruction", "virtual_offset": -4.0}  # before am's source
+    assert CompressConfig.from_dict(upgrade.recipe(saved)).validate().verbatim_source == "kvzip"
     assert CompressConfig(verbatim_share=0.5, virtual_offset=-1).validate().virtual_offset == -1
     assert CompressConfig(verbatim_share=0.0).validate().proportional_attention is True
     assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
@@ -505,7 +517,9 @@ def test_per_head_hybrid_per_turn_ranks_each_turn_by_its_reconstruction_pass_on_
     best by the reconstruction pass read out on top of the running compressed cache, and every turn records its loss."""
     work = evaluation.work
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-    compress = CompressConfig(head_budget="uniform", verbatim_share=0.5, oversample=2.0, optim=OptimConfig(steps=1))
+    compress = CompressConfig(
+        head_budget="uniform", verbatim_share=0.5, verbatim_source="kvzip", oversample=2.0, optim=OptimConfig(steps=1)
+    )
     config = MultiTurnConfig(compress=compress, target_source="online")
     history = FullHistory(work.acts, work.kv)
     budget = work.budget(3.0)
