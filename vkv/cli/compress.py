@@ -98,8 +98,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
         "entries_per_head": round(virtual.real_entries, 2),  # what the ratio counts
         "slots_per_head": virtual.entries,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
         "ratio_achieved": round(virtual.ratio, 4),
-        "initial_loss": virtual.stats["initial_loss"],
-        "best_loss": virtual.stats["best_loss"],
+        "initial_loss": virtual.stats.get("initial_loss"),  # none where no virtual token was tuned
+        "best_loss": virtual.stats.get("best_loss"),
         "steps": virtual.stats["steps"],
         "stopped": virtual.stats["stopped"],
         "seconds": round(virtual.stats["seconds"], 2),

@@ -38,7 +38,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         table.add_column(col)
     for i, (seg, row) in enumerate(zip(header["segments"], report_rows(header))):
         st = seg.get("stats", {})
-        loss = f"{st['initial_loss']:.4f}→{st['best_loss']:.4f}" if "best_loss" in st else "—"
+        loss = f"{st['initial_loss']:.4f}→{st['best_loss']:.4f}" if st.get("best_loss") is not None else "—"
         span = seg["span"]
         table.add_row(
             str(i),

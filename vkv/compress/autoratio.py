@@ -61,12 +61,13 @@ def record_loss(segment: Segment, values: torch.Tensor, targets: Targets) -> Seg
     return segment
 
 
-def segment_loss(segment: Segment) -> float:
-    """The measured normalised V loss (layer mean); 0 for verbatim entries; else the optimiser's figure."""
+def segment_loss(segment: Segment) -> float | None:
+    """The measured normalised V loss (layer mean); 0 for verbatim entries; None for a segment that records its loss
+    as None (it holds no virtual token to measure); else the optimiser's figure."""
     if segment.kind == "verbatim":
         return 0.0
-    if segment.stats.get("loss") is not None:
-        return float(segment.stats["loss"])
+    if "loss" in segment.stats:
+        return None if segment.stats["loss"] is None else float(segment.stats["loss"])
     per_layer = segment.stats.get("per_layer_loss") or [0.0]
     return float(sum(per_layer) / len(per_layer))
 
@@ -92,8 +93,8 @@ def choose_ratio(
         if entries not in built:
             built[entries] = build(entries)
         loss = segment_loss(built[entries])
-        tried[str(ratio)] = round(loss, 6)
-        if loss <= config.max_loss:
+        tried[str(ratio)] = None if loss is None else round(loss, 6)
+        if loss is not None and loss <= config.max_loss:  # a loss that cannot be measured is not within tolerance
             best, low = (ratio, built[entries]), middle + 1
         else:
             high = middle - 1

@@ -18,7 +18,6 @@ import torch
 from vkv.compress.compaction import Compaction
 from vkv.compress.head_budget import per_head_index
 from vkv.compress.pooling import Blocks
-from vkv.errors import VkvError
 from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
 
@@ -33,13 +32,10 @@ class HeadSplit:
 
     @classmethod
     def of(cls, budget: int, share: float) -> HeadSplit:
-        """`share` of `budget` verbatim, at least one entry virtual (a share of 0 keeps none verbatim)."""
-        if budget < 2 and share > 0:
-            raise VkvError(
-                f"field verbatim_share: a budget of {budget} entry per head (a span this short at this ratio) cannot hold "
-                "both verbatim entries and a virtual token; lower the ratio or set verbatim_share 0"
-            )
-        verbatim = min(round(share * budget), budget - 1)
+        """`share` of `budget` verbatim, at least one entry virtual (a share of 0 keeps none verbatim); a budget of one
+        entry takes the share rounded, so a message too short for a virtual token beside its verbatim entries keeps
+        its best entry verbatim when the share is a majority."""
+        verbatim = round(share * budget) if budget < 2 else min(round(share * budget), budget - 1)
         return cls(verbatim, budget - verbatim)
 
 

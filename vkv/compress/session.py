@@ -237,7 +237,8 @@ class Session:
         return report_totals(cache_rows(self.cache, self.lm.dtype))["memory_bytes"]
 
     @property
-    def losses(self) -> list[float]:
+    def losses(self) -> list[float | None]:
+        """Each segment's V loss (`segment_loss`; None for one that holds no virtual token to measure)."""
         return [segment_loss(s) for s in self.cache.segments]
 
     # ---- files ------------------------------------------------------------------------------------------

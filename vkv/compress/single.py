@@ -19,13 +19,15 @@ from vkv.compress.autoratio import record_loss
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill, trace_summary
-from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias
+from vkv.compress.head_budget import per_head_index
+from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias, reached
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
+from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, interleaved, verbatim_segment
 from vkv.kv.spliced import SplicedCache
@@ -68,6 +70,8 @@ def virtual_segment(
             "the virtual tokens (fitted_verbatim), and this call gave "
             + ("none" if verbatim is None else "one for a recipe that keeps the span's own entries")
         )
+    if not split.virtual:  # a one-entry budget that keeps its entry verbatim: no virtual token to tune
+        return _kept_verbatim(lm, ids, (start, end), split, config, token_scores, teacher, span_kv, verbatim, started)
     problem = SpanProblem.build(
         lm,
         ids,
@@ -135,6 +139,36 @@ def virtual_part(
     phases.update(kv=round(kv_done - started, 4), bias=round(time.perf_counter() - kv_done, 4))
     segment = Segment("virtual", span, keys, values, problem.positions, embeddings, stats, bias, separable)
     return record_loss(segment, values, problem.targets)
+
+
+def _kept_verbatim(lm, ids, span, split, config, token_scores, teacher, span_kv, verbatim, started) -> Segment:
+    """A per-head hybrid whose budget holds no virtual token: each head's verbatim share alone, chosen as the recipe
+    chooses it (`verbatim`, fitted by another method; else the head's best own entries by `token_scores`), as a compact
+    segment. There is no V loss to measure, so its loss is None (auto_ratio does not choose it)."""
+    start, end = span
+    if verbatim is None:
+        if span_kv is None:
+            teacher = teacher or KVPrefix.from_cache(
+                capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)[1]
+            )
+            span_kv = _own_kv(teacher, start, end)
+        kept = reached(*per_head_index(token_scores, split.verbatim, config.head_budget), end - start)
+        verbatim = Verbatim(span_kv, torch.zeros(kept.shape).masked_fill(~kept, MASKED))
+    segment = verbatim_segment(verbatim.span_kv, start)
+    segment.bias = verbatim.bias.float().cpu()
+    seconds = time.perf_counter() - started
+    segment.stats = dict(
+        verbatim_per_head=split.verbatim,
+        virtual_per_head=0,
+        loss=None,
+        per_layer_loss=None,
+        steps=0,
+        stopped="no virtual token",
+        seconds=seconds,
+        seconds_per_step=0.0,
+        phase_seconds={"targets": round(seconds, 4)},
+    )
+    return segment.compacted()
 
 
 def _own_kv(teacher: KVPrefix, start: int, end: int) -> KVPrefix:
