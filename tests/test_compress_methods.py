@@ -6,7 +6,7 @@ import torch
 
 from vkv.cli import build_parser, main
 from vkv.cli.compress import kv_methods
-from vkv.cli.method_flags import build_method, given_options, recipe_from_args
+from vkv.cli.method_flags import build_method, given_options, method_class, recipe_from_args
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import read_cache
 from vkv.methods import METHODS
@@ -95,3 +95,24 @@ def test_compress_refuses_what_a_method_does_not_have(mini_transcript_path_modul
     ):
         assert main([*argv, *flags, "--out", str(out)]) == 2, flags
         assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--method", "kvzip,am,snapkv,vkv"],  # vkv's per-turn mode is a method of its own beside them
+        ["eval", "--method", "kvzip"],
+        ["compress", "--method", "am", "--out", "c.safetensors"],
+    ],
+)
+def test_per_turn_reaches_every_method_given(mini_transcript_path_module, argv):
+    """`--per-turn` is each method's own per-turn mode, never dropped: a method built from the command line runs per
+    turn, and vkv runs its turn-by-turn method."""
+    command, *flags = argv
+    args = build_parser().parse_args([command, str(mini_transcript_path_module), *flags, "--per-turn"])
+    names = args.method if isinstance(args.method, (list, tuple)) else [args.method]
+    classes = [method_class(name, args) for name in names]
+    options = given_options(args, classes)
+    for cls in classes:
+        method = build_method(cls, recipe_from_args(args), args, options)
+        assert method.per_turn if hasattr(method, "per_turn") else cls.name == "sequential"

@@ -112,7 +112,10 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
             raise VkvError(f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn})")
     given = {}
     for key, option in method_options().items():
-        if getattr(args, key, None) is None or (key == "per_turn" and all(map(_per_turn, classes))):
+        if getattr(args, key, None) is None:
+            continue
+        if key == "per_turn" and all(map(_per_turn, classes)):  # vkv's per-turn mode is a method, not this option
+            given[key] = option
             continue
         if not set(option.owners) & set(names) and key not in recipe_keys:
             raise VkvError(
