@@ -1,7 +1,8 @@
 """Every KV method crossed with the options it declares (per turn, head budget, mass) at ratios 3.2 and 16, on the
-tiny random model: each combination compresses, decodes one question and survives a cache file, or is refused in
-one sentence naming the field (`expected_refusal`). The table is derived from the registry and the methods' declared
-settings, on the method or in its recipe, so a new method or a new choice joins it with no edit here."""
+tiny random model: each combination compresses, decodes one question and survives a cache file (at 16× the per-head
+hybrids meet turns of one entry per head, which keep that entry verbatim). The table is derived from the registry and
+the methods' declared settings, on the method or in its recipe, so a new method or a new choice joins it with no edit
+here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
-from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.lm.context import Context
@@ -100,25 +100,10 @@ def evaluation(tiny_llama):
     )
 
 
-def expected_refusal(name: str, options: dict[str, object], ratio: float) -> str | None:
-    """The field named by the one-sentence refusal this combination gets, or None where it must run."""
-    if name == "sequential" and options["head_budget"] != "shared" and ratio == 16:
-        # the default per-head verbatim share needs two entries per head, and a short turn at 16x has one
-        return "verbatim_share"
-    return None
-
-
 @pytest.mark.filterwarnings("ignore::vkv.compress.hybrid.ShortTurnWarning")  # expected at 16x on short turns
 @pytest.mark.parametrize("name, options, ratio", combinations())
-def test_each_method_and_option_compresses_decodes_and_saves_or_is_refused(evaluation, tmp_path, name, options, ratio):
+def test_each_method_and_option_compresses_decodes_and_saves(evaluation, tmp_path, name, options, ratio):
     work, method = evaluation.work, build(name, options)
-    refused = expected_refusal(name, options, ratio)
-    if refused is not None:
-        with pytest.raises(VkvError) as caught:
-            method.compress(work, ratio)
-        sentence = str(caught.value)
-        assert refused in sentence and "\n" not in sentence, sentence
-        return
     torch.manual_seed(0)
     segment = method.compress(work, ratio)
     spliced = evaluation.splice(segment)
