@@ -2,7 +2,11 @@
 tiny random model: each combination compresses, decodes one question and survives a cache file (at 16× the per-head
 hybrids meet turns of one entry per head, which keep that entry verbatim). The table is derived from the registry and
 the methods' declared settings, on the method or in its recipe, so a new method or a new choice joins it with no edit
-here."""
+here.
+
+The dtype axis: every method, whole and per turn, in the dtypes users run (bf16, fp16, and 8-bit weights with fp16
+activations, as bitsandbytes loads them on CUDA) on the same tiny model, through the same checks; the other options
+change which entries are kept, not the precision they are computed in, so they are crossed in fp32 only."""
 
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ import math
 import pytest
 import torch
 
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, build_tiny
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.lm.context import Context
+from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS
 from vkv.methods.base import TextMethod
@@ -93,16 +98,64 @@ def test_the_matrix_reaches_each_option_on_the_method_or_in_its_recipe():
     assert build("sequential", {"head_budget": "global"}).settings().compress.optim.steps == 1
 
 
+def transcript_eval(lm: FrozenLM) -> TranscriptEval:
+    return TranscriptEval(lm, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=1))
+
+
 @pytest.fixture(scope="module")
 def evaluation(tiny_llama):
-    return TranscriptEval(
-        tiny_llama, load_transcript(FIXTURES / "mini-agent.json"), settings=EvalSettings(max_new_tokens=1)
+    return transcript_eval(tiny_llama)
+
+
+DTYPES = ("bf16", "fp16", "8bit")
+
+
+def tiny_in(dtype: str, tokenizer, root) -> FrozenLM:
+    """The matrix's tiny model in `dtype`: cast, or (8bit) saved and loaded through bitsandbytes with fp16 for the
+    layers it leaves unquantised, as `load_model` loads 8-bit weights on CUDA."""
+    lm = build_tiny("llama", tokenizer)
+    if dtype != "8bit":
+        model = lm.model.to({"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+        return FrozenLM(model, tokenizer, name=f"tiny-llama-{dtype}", quant=dtype, device=torch.device("cpu"))
+    pytest.importorskip("bitsandbytes")
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    lm.model.save_pretrained(root)
+    model = AutoModelForCausalLM.from_pretrained(
+        root, quantization_config=BitsAndBytesConfig(load_in_8bit=True), dtype=torch.float16, device_map={"": "cpu"}
     )
+    return FrozenLM(model, tokenizer, name="tiny-llama-8bit", quant="8bit", device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module", params=DTYPES)
+def evaluation_in(request, smol_tokenizer, tmp_path_factory):
+    return transcript_eval(tiny_in(request.param, smol_tokenizer, tmp_path_factory.mktemp("tiny-8bit")))
+
+
+def dtype_combinations() -> list:
+    """Each KV method with its options at their defaults, whole and (where it has the mode) per turn, at 8x."""
+    cases = []
+    for name in kv_methods():
+        own, recipe = declared(name)
+        for per_turn in (False, True) if "per_turn" in own or "per_turn" in recipe else (False,):
+            options = {"per_turn": True} if per_turn else {}
+            cases.append(pytest.param(name, options, 8.0, id=case_id(name, options, 8.0)))
+    return cases
 
 
 @pytest.mark.filterwarnings("ignore::vkv.compress.hybrid.ShortTurnWarning")  # expected at 16x on short turns
 @pytest.mark.parametrize("name, options, ratio", combinations())
 def test_each_method_and_option_compresses_decodes_and_saves(evaluation, tmp_path, name, options, ratio):
+    compresses_decodes_and_saves(evaluation, tmp_path, name, options, ratio)
+
+
+@pytest.mark.filterwarnings("ignore::vkv.compress.hybrid.ShortTurnWarning")
+@pytest.mark.parametrize("name, options, ratio", dtype_combinations())
+def test_each_method_runs_in_every_dtype_users_have(evaluation_in, tmp_path, name, options, ratio):
+    compresses_decodes_and_saves(evaluation_in, tmp_path, name, options, ratio)
+
+
+def compresses_decodes_and_saves(evaluation: TranscriptEval, tmp_path, name: str, options: dict, ratio: float):
     work, method = evaluation.work, build(name, options)
     torch.manual_seed(0)
     segment = method.compress(work, ratio)

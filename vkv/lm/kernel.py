@@ -71,13 +71,14 @@ def attend(
     new_scores = scores(k, new_bias)
     if prefix_keys is None:
         out = new_scores.softmax(dim=-1, dtype=torch.float32).to(v.dtype) @ v
-    else:  # the prefix part stays in the matmul's dtype (bf16 under autocast): exp of scores ≤ 0 is in [0, 1]
+    else:  # weights are read in the values' dtype (exp of scores ≤ 0 is in [0, 1]); their sums are fp32
         prefix_scores = scores(prefix_keys, prefix_bias)
         shift = torch.maximum(prefix_scores.amax(-1, keepdim=True), new_scores.amax(-1, keepdim=True)).detach()
         prefix_weights = prefix_scores.sub_(shift.to(prefix_scores.dtype)).exp_()
         new_weights = new_scores.sub_(shift.to(new_scores.dtype)).exp_()
         total = prefix_weights.sum(-1, keepdim=True).float() + new_weights.sum(-1, keepdim=True).float()
-        out = ((prefix_weights @ prefix_values + new_weights.to(v.dtype) @ v) / total).to(v.dtype)
+        read = prefix_weights.to(prefix_values.dtype) @ prefix_values + new_weights.to(v.dtype) @ v
+        out = (read / total).to(v.dtype)
     return out.view(batch, kv_heads, groups, n, dim).permute(0, 3, 1, 2, 4).reshape(batch, n, heads * dim)
 
 
