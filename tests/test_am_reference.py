@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES, random_readout
-from vkv.compress import on_policy
-from vkv.compress.compaction import SpanReadout, compact, fit_row, head_counts, row_stats
+from vkv.compress import compaction, on_policy
+from vkv.compress.compaction import SpanReadout, compact, fit_rows, head_counts, row_stats
 from vkv.compress.nnls import bounded_nnls
 from vkv.compress.omp import omp_keys
 from vkv.compress.reconstruction import ReconstructionPass
@@ -25,6 +25,21 @@ CHUNK = 64
 def _row(seed=0, m=96, n=40, dim=8):
     readout = random_readout(seed, m=m, n=n, dim=dim)
     return readout.queries[0].double(), readout.keys[0].double(), readout.values[0].double()
+
+
+def one_row(q, k, v) -> SpanReadout:
+    return SpanReadout(q[None].float(), k[None].float(), v[None].float())
+
+
+def fit_one(q, k, v, stats, index, ridge):
+    """β `[c]` and values `[c, D]` of one row's kept entries `index`, by the batched fit."""
+    real = torch.ones(1, len(index), dtype=torch.bool)
+    beta, values = fit_rows(one_row(q, k, v), stats, index[None], real, "rms", "nnls", "refit", ridge)
+    return beta[0], values[0]
+
+
+def nnls_one(gram, rhs, low, high, steps):
+    return bounded_nnls(gram[None], rhs[None], low, high, steps)[0].double()
 
 
 def exp_scores(q, k):
@@ -55,22 +70,22 @@ def test_bounded_nnls_is_the_references_clamped_least_squares_then_its_projected
     a = e[:, ::8]  # 5 keys for 40: their mass falls short, some weights hit the box
     low, high = math.exp(-3), math.exp(3)
     start = torch.linalg.lstsq(a, y).solution.clamp(low, high)
-    torch.testing.assert_close(bounded_nnls(a.T @ a, a.T @ y, low, high, 0), start)
+    torch.testing.assert_close(nnls_one(a.T @ a, a.T @ y, low, high, 0), start)
     step = 1.0 / torch.linalg.matrix_norm(a, 2) ** 2
     direct = start
     for _ in range(2):
         direct = (direct - step * a.T @ (a @ direct - y)).clamp(low, high)
-    torch.testing.assert_close(bounded_nnls(a.T @ a, a.T @ y, low, high, 2), direct, rtol=1e-2, atol=1e-4)
+    torch.testing.assert_close(nnls_one(a.T @ a, a.T @ y, low, high, 2), direct, rtol=1e-2, atol=1e-4)
     assert not torch.allclose(direct, start)  # the steps moved it: the check above sees them
     exact = box_least_squares(a, y, low, high)  # many steps reach the box-constrained optimum
-    torch.testing.assert_close(bounded_nnls(a.T @ a, a.T @ y, low, high, 3000), exact, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(nnls_one(a.T @ a, a.T @ y, low, high, 3000), exact, rtol=1e-3, atol=1e-4)
 
 
 def test_fit_row_biases_and_values_are_the_published_closed_forms():
     q, k, v = _row(1)
-    stats = row_stats(q.float(), k.float(), v.float())
+    stats = row_stats(one_row(q, k, v))
     index = torch.tensor([2, 9, 17, 23, 31, 38])
-    beta, values = fit_row(q.float(), k.float(), v.float(), stats, index, "rms", "nnls", "refit", 0.0)
+    beta, values = fit_one(q, k, v, stats, index, 0.0)
     a, y = exp_scores(q, k)
     w = torch.linalg.lstsq(a[:, index], y).solution.clamp(math.exp(-3), math.exp(3))
     step = 1.0 / torch.linalg.matrix_norm(a[:, index], 2) ** 2
@@ -82,17 +97,18 @@ def test_fit_row_biases_and_values_are_the_published_closed_forms():
     x = (q @ k[index].T + beta.double()).softmax(-1)
     torch.testing.assert_close(values.double(), torch.linalg.lstsq(x, target).solution, rtol=1e-3, atol=1e-4)
     # and the ridge option pulls them toward the kept entries' own
-    _, pulled = fit_row(q.float(), k.float(), v.float(), stats, index, "rms", "nnls", "refit", 10.0)
+    _, pulled = fit_one(q, k, v, stats, index, 10.0)
     assert (pulled - v[index].float()).norm() < (values - v[index].float()).norm()
 
 
-def test_rms_keys_are_the_highest_root_mean_square_attention():
+def test_rms_keys_are_the_highest_root_mean_square_attention(monkeypatch):
     q, k, v = _row(2)
     attention = (q @ k.T).softmax(-1)
     rms = attention.pow(2).mean(0).sqrt()
-    stats = row_stats(q.float(), k.float(), v.float(), chunk=7)  # several chunks of queries
-    torch.testing.assert_close(stats.rms.double(), rms, rtol=1e-4, atol=1e-7)
-    torch.testing.assert_close(stats.mean.double(), attention.mean(0), rtol=1e-4, atol=1e-7)
+    monkeypatch.setattr(compaction, "SCORE_ELEMENTS", 7 * k.shape[0])  # chunks of 7 queries
+    stats = row_stats(one_row(q, k, v))
+    torch.testing.assert_close(stats.rms[0].double(), rms, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(stats.mean[0].double(), attention.mean(0), rtol=1e-4, atol=1e-7)
     readout = SpanReadout(q[None].float(), k[None].float(), v[None].float())
     kept = compact(readout, 7, "rms").index[0]
     assert kept.tolist() == rms.topk(7).indices.sort().values.tolist()
@@ -127,7 +143,7 @@ def reference_omp(q, k, t, low=1e-12, high=1096.6331584284585, drop=-7.0, rounds
 @pytest.mark.parametrize("seed", [3, 4])
 def test_omp_picks_what_the_reference_omp_picks(seed):
     q, k, v = _row(seed, n=60)
-    stats = row_stats(q.float(), k.float(), v.float())
+    stats = row_stats(one_row(q, k, v)).rows(0)
     picked = omp_keys(q.float(), k.float(), stats.log_max, stats.mass, 12)
     assert picked.tolist() == reference_omp(q, k, 12)
     e, y = exp_scores(q, k)

@@ -13,12 +13,13 @@ from vkv.compress.compaction import (
     BIASES,
     SELECTIONS,
     Compaction,
+    RowStats,
     SpanReadout,
     check_options,
     compact_rows,
     head_counts,
+    row_stats,
 )
-from vkv.compress.compaction import row_stats as stats_of
 from vkv.compress.head_budget import head_budget_setting
 from vkv.compress.on_policy import FitOptions, compact_on_policy
 from vkv.compress.reconstruction import chunk_setting, reconstruction_pass
@@ -32,6 +33,7 @@ from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.progress import counted
 from vkv.settings import setting
+from vkv.stages import stage
 
 
 @dataclass
@@ -82,25 +84,35 @@ class AttentionMatchingFit:
             raise VkvError(f"am: {exc}") from None
 
     def _compact(self, work: SpanWork, keys: torch.Tensor, values: torch.Tensor, budget: int):
-        """(the Compaction of every row, the reference queries per KV head); the rows' statistics, then with
-        `on_policy` the layers in order, are counted on stderr."""
+        """(the Compaction of every row, the reference queries per KV head), fitted on the model's device and
+        returned on the CPU, where segments keep their entries; each layer's statistics, then with `on_policy` each
+        layer's fit, are counted on stderr."""
+        device = work.lm.device
+        keys, values = keys.to(device), values.to(device)
         layers, kv_heads, n, _ = keys.shape
-        queries = reference_queries(work, self.queries, self.max_queries, self.chunk)  # [layers, kv_heads, m, D]
+        with stage("read-out", device):
+            queries = reference_queries(work, self.queries, self.max_queries, self.chunk)  # [layers, kv_heads, m, D]
         readout = SpanReadout.per_head(queries, keys, values)
         label = f"am: {work.span_length} tokens, {queries.shape[2]} queries per head"
-        with counted(label, layers * kv_heads + (layers if self.live else 0)) as done:
-            stats = []
-            for r in range(layers * kv_heads):
-                stats.append(stats_of(readout.queries[r], readout.keys[r], readout.values[r]))
-                done()
-            scores = torch.stack([s.key_scores(self.selection) for s in stats]).reshape(layers, kv_heads, n)
-            counts, index = head_counts(scores, budget, self.head_budget, self.head_cap)
+        with counted(label, 2 * layers if self.live else layers + 1) as done:
+            with stage("selection", device):
+                stats = []
+                for layer in range(layers):  # a layer's rows at a time: what the queries read is kept off-policy only
+                    stats.append(
+                        row_stats(readout.rows(slice(layer * kv_heads, (layer + 1) * kv_heads)), not self.live)
+                    )
+                    done()
+                stats = RowStats.cat(stats)
+                scores = stats.key_scores(self.selection).reshape(layers, kv_heads, n)
+                counts, index = head_counts(scores, budget, self.head_budget, self.head_cap)
             fixed = index if self.head_budget == "shared" else None
             options = FitOptions(self.selection, self.bias, self.values, self.ridge, self.omp_step)
             if not self.live:
                 flat = None if fixed is None else fixed.reshape(layers * kv_heads, -1)
                 args = (options.selection, options.bias, options.values, options.ridge, flat, options.omp_step, stats)
-                return compact_rows(readout, counts.reshape(-1), *args), queries.shape[2]
+                result = compact_rows(readout, counts.reshape(-1), *args)
+                done()
+                return result.to("cpu"), queries.shape[2]
             del stats, readout
             picked = token_subset(
                 work.lm, reconstruction_pass(work, self.chunk).queries.shape[2], self.max_queries, work.seed
@@ -110,7 +122,7 @@ class AttentionMatchingFit:
             result: Compaction = compact_on_policy(
                 work, keys, values, counts, picked, options, self.chunk, fixed, extra, lambda _: done()
             )
-        return result, queries.shape[2]
+        return result.to("cpu"), queries.shape[2]
 
     @property
     def live(self) -> bool:

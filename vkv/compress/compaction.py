@@ -3,9 +3,10 @@ the paper's reference code takes it (github adamzweiger/compaction, `compaction/
 
 A span's n entries are replaced, per layer and KV head (a row), by t of its keys with one additive bias β each and
 refitted values, so that every reference query keeps (1) the attention mass the whole span drew and (2) the output it
-read from it; mixing with the prefix and with later tokens is then unchanged for those queries. Rows are fitted one
-at a time in float32 (a row's attention over the span, `[m, n]`, is the largest tensor, held a chunk of queries at a
-time); least-squares systems are solved in float64:
+read from it; mixing with the prefix and with later tokens is then unchanged for those queries. Every row is fitted at
+once on the device the span's K/V are on, in float32 as the reference fits them (scores, attention and the normal
+equations of each least-squares step accumulated a chunk of queries at a time, so no row's `[m, n]` attention is held
+whole); the small c × c systems are factorised in float64 (compress/nnls.py):
 
 - keys: the t with the largest root-mean-square attention over the reference queries (`rms`, the reference's
   highest-attention keys), with the largest mean attention (`mean`), or orthogonal matching pursuit on the masses
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import per_head_index
-from vkv.compress.nnls import bounded_nnls, least_squares, nnls
+from vkv.compress.nnls import bounded_nnls, nnls, nnls_normal, solve_normal
 from vkv.compress.omp import omp_keys
 from vkv.kv.segment import MASKED
 
@@ -39,7 +40,9 @@ NNLS_BOUNDS = {
     "mean": (math.exp(-3), math.exp(3), 2),
     "omp": (1e-12, math.exp(7), 0),
 }
-QUERY_CHUNK = 4096  # reference queries whose attention over the span is held at once
+SCORE_ELEMENTS = 2**26  # attention scores held at once (rows × queries × entries): 256 MiB in float32
+GRAM_DTYPE = torch.float64
+GRAM_ELEMENTS = 2**26  # normal-equation entries of the rows fitted together (a wider row is fitted alone)
 
 
 @dataclass
@@ -57,7 +60,7 @@ class SpanReadout:
         rows, (n, dim) = keys.shape[0] * keys.shape[1], keys.shape[2:]
         return cls(queries.reshape(rows, -1, dim), keys.reshape(rows, n, dim), values.reshape(rows, n, dim))
 
-    def rows(self, part: slice) -> SpanReadout:
+    def rows(self, part: torch.Tensor | slice) -> SpanReadout:
         """The readout of rows `part` only."""
         return SpanReadout(self.queries[part], self.keys[part], self.values[part])
 
@@ -89,6 +92,13 @@ class Compaction:
     def keys(self, readout: SpanReadout) -> torch.Tensor:
         return readout.keys.gather(1, self.index[..., None].expand(-1, -1, readout.keys.shape[-1]))
 
+    def rows(self, part: torch.Tensor | slice) -> Compaction:
+        """The compaction of rows `part` only, in its order."""
+        return Compaction(self.index[part], self.bias[part], self.values[part], self.real[part])
+
+    def to(self, device: torch.device | str) -> Compaction:
+        return Compaction(self.index.to(device), self.bias.to(device), self.values.to(device), self.real.to(device))
+
     def outputs(self, queries: torch.Tensor, readout: SpanReadout) -> torch.Tensor:
         """What `queries` `[R, m, D]` read from the compacted entries `[R, m, D]`."""
         scores = queries @ self.keys(readout).transpose(1, 2) + self.bias[:, None, :]
@@ -100,37 +110,59 @@ class Compaction:
 
 @dataclass
 class RowStats:
-    """What one row's m reference queries draw from the whole span of n entries."""
+    """What each row's m reference queries draw from the whole span of n entries, every row at once."""
 
-    log_max: torch.Tensor  # [m] each query's largest score over the span
-    mass: torch.Tensor  # [m] Σ_i exp(s_qi − log_max_q): the span's mass in units of the query's largest term
-    outputs: torch.Tensor  # [m, D] what each query reads from the span
-    rms: torch.Tensor  # [n] each entry's root-mean-square attention over the queries
-    mean: torch.Tensor  # [n] each entry's mean attention
+    log_max: torch.Tensor  # [R, m] each query's largest score over the span
+    mass: torch.Tensor  # [R, m] Σ_i exp(s_qi − log_max_q): the span's mass in units of the query's largest term
+    outputs: torch.Tensor | None  # [R, m, D] what each query reads from the span (None: not asked for)
+    rms: torch.Tensor  # [R, n] each entry's root-mean-square attention over the queries
+    mean: torch.Tensor  # [R, n] each entry's mean attention
 
     def key_scores(self, selection: str) -> torch.Tensor:
-        """`[n]`: the mean attention for `mean`, else the RMS (OMP's rows are budgeted by it too)."""
+        """`[R, n]`: the mean attention for `mean`, else the RMS (OMP's rows are budgeted by it too)."""
         return self.mean if selection == "mean" else self.rms
 
+    @classmethod
+    def cat(cls, parts: list[RowStats]) -> RowStats:
+        """The rows of `parts`, in order."""
+        outputs = None if parts[0].outputs is None else torch.cat([p.outputs for p in parts])
+        joined = (torch.cat([getattr(p, f) for p in parts]) for f in ("log_max", "mass", "rms", "mean"))
+        log_max, mass, rms, mean = joined
+        return cls(log_max, mass, outputs, rms, mean)
 
-def row_stats(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: int = QUERY_CHUNK) -> RowStats:
-    """`RowStats` of `queries` `[m, D]` (scaled, post-RoPE) over `keys`, `values` `[n, D]`, `chunk` queries at a
-    time."""
-    m, n = queries.shape[0], keys.shape[0]
-    log_max, mass, outputs = [], [], []
-    total, square = torch.zeros(n), torch.zeros(n)
-    for lo in range(0, m, chunk):
-        scores = queries[lo : lo + chunk].float() @ keys.float().T
+    def rows(self, part: torch.Tensor | slice) -> RowStats:
+        """The statistics of rows `part` only."""
+        outputs = None if self.outputs is None else self.outputs[part]
+        return RowStats(self.log_max[part], self.mass[part], outputs, self.rms[part], self.mean[part])
+
+
+def query_chunk(rows: int, width: int) -> int:
+    """Queries per chunk so that `rows` rows' scores over `width` entries stay within SCORE_ELEMENTS."""
+    return max(1, SCORE_ELEMENTS // max(1, rows * width))
+
+
+def row_stats(readout: SpanReadout, outputs: bool = True) -> RowStats:
+    """`RowStats` of every row of `readout` on its device, a chunk of queries at a time; `outputs=False` leaves out
+    what the queries read (only the keys' scores and masses are needed to budget the rows)."""
+    queries, keys, values = readout.queries, readout.keys.float(), readout.values.float()
+    rows, m, n = queries.shape[0], queries.shape[1], keys.shape[1]
+    log_max, mass, read = [], [], []
+    total = torch.zeros(rows, n, device=keys.device)
+    square = torch.zeros(rows, n, device=keys.device)
+    for lo in range(0, m, query_chunk(rows, n)):
+        scores = queries[:, lo : lo + query_chunk(rows, n)].float() @ keys.transpose(1, 2)  # [R, c, n]
         top = scores.amax(-1, keepdim=True)
         weights = scores.sub_(top).exp_()
         z = weights.sum(-1, keepdim=True)
         attention = weights.div_(z)
-        outputs.append(attention @ values.float())
-        total += attention.sum(0)
-        square += torch.linalg.vector_norm(attention, dim=0).square()
-        log_max.append(top[:, 0])
-        mass.append(z[:, 0])
-    return RowStats(torch.cat(log_max), torch.cat(mass), torch.cat(outputs), (square / m).sqrt(), total / m)
+        if outputs:
+            read.append(attention @ values)
+        total += attention.sum(1)
+        square += attention.square().sum(1)
+        log_max.append(top[..., 0])
+        mass.append(z[..., 0])
+    read_out = torch.cat(read, 1) if outputs else None
+    return RowStats(torch.cat(log_max, 1), torch.cat(mass, 1), read_out, (square / m).sqrt(), total / m)
 
 
 def head_counts(scores: torch.Tensor, t: int, rule: str, cap: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,41 +180,72 @@ def head_counts(scores: torch.Tensor, t: int, rule: str, cap: float = 1.0) -> tu
     return real.sum(-1), index
 
 
-def top_keys(scores: torch.Tensor, count: int) -> torch.Tensor:
-    """The `count` entries with the highest `scores` `[n]`, ascending `[count]`."""
-    return scores.topk(count).indices.sort().values
+def top_keys(scores: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's `counts` `[R]` entries with the highest `scores` `[R, n]` → (`index` `[R, max count]` ascending, real
+    ones first, padding repeating the row's first; `real` `[R, max count]`)."""
+    n = scores.shape[1]
+    counts = counts.to(scores.device)
+    top = scores.topk(int(counts.max()), dim=-1).indices  # best first
+    real = torch.arange(top.shape[1], device=scores.device) < counts[:, None]
+    order = torch.where(real, top, top + n).sort(-1).values  # real ones first, ascending
+    return torch.where(real, order, order[:, :1]), real
 
 
-def fit_row(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    values: torch.Tensor,
+def fit_rows(
+    readout: SpanReadout,
     stats: RowStats,
     index: torch.Tensor,
+    real: torch.Tensor,
     selection: str,
     bias: str,
     refit: str,
     ridge: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """β `[c]` and values `[c, D]` of one row's kept entries `index` `[c]` (`queries` `[m, D]`, `keys` and `values`
-    `[n, D]`, `stats` their `row_stats`)."""
-    scores = queries.float() @ keys[index].float().T  # [m, c]
+    """β `[R, c]` and values `[R, c, D]` of every row's kept entries `index` `[R, c]` (`real` False on padding, whose
+    β is −inf and value the row's first), solved for all rows at once: the normal equations are accumulated a chunk
+    of queries at a time, so no `[R, m, c]` tensor is held whole. `stats` are the rows' `row_stats` for these
+    queries, with their outputs."""
+    queries, n = readout.queries, readout.keys.shape[1]
+    gather = index[..., None].expand(-1, -1, readout.keys.shape[-1])
+    kept_keys = readout.keys.float().gather(1, gather)  # [R, c, D]
+    kept_values = readout.values.float().gather(1, gather)
+    hidden = ~real[:, None, :]
+
+    def chunks():  # (the chunk's scores against the kept keys [R, q, c], its query slice)
+        step = query_chunk(*index.shape)
+        for lo in range(0, queries.shape[1], step):
+            part = slice(lo, lo + step)
+            yield queries[:, part].float() @ kept_keys.transpose(1, 2), part
+
     if bias in ("nnls", "fit"):
-        a = (scores - stats.log_max[:, None]).exp()  # each term in units of its query's largest: at most 1
+        gram, rhs = None, None
+        for scores, part in chunks():
+            a = (scores - stats.log_max[:, part, None]).exp_().masked_fill_(hidden, 0.0)  # each term ≤ 1
+            if bias == "fit":  # every query's relative mass weighs the same: Σ_j P_qj w_j ≈ 1
+                a = a / stats.mass[:, part, None]
+            a = a.to(GRAM_DTYPE)
+            g, r = a.transpose(1, 2) @ a, (a.sum(1) if bias == "fit" else (a * stats.mass[:, part, None]).sum(1))
+            gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
         if bias == "nnls":
-            a64 = a.double()
-            w = bounded_nnls(a64.T @ a64, a64.T @ stats.mass.double(), *NNLS_BOUNDS[selection]).float()
-        else:  # every query's relative mass weighs the same: Σ_j P_qj w_j ≈ 1
-            w = nnls((a / stats.mass[:, None])[None])[0].clamp_min(1e-12)
+            w = bounded_nnls(gram, rhs, *NNLS_BOUNDS[selection], real=real)
+        else:
+            w = nnls_normal(gram, rhs).float().clamp_min(1e-12)
         beta = w.log()
     elif bias == "shared":
-        beta = torch.full((len(index),), math.log(keys.shape[0] / len(index)))
+        beta = (n / real.sum(-1, keepdim=True).float()).log().expand(index.shape).clone()
     else:
-        beta = torch.zeros(len(index))
-    kept = values[index].float()
+        beta = torch.zeros(index.shape, device=queries.device)
+    beta = beta.masked_fill(~real, MASKED)
     if refit == "refit":
-        kept = least_squares((scores + beta).softmax(-1), stats.outputs, ridge, kept)
-    return beta, kept
+        gram, rhs = None, None
+        for scores, part in chunks():
+            p = (scores + beta[:, None, :]).softmax(-1).to(GRAM_DTYPE)
+            g, r = p.transpose(1, 2) @ p, p.transpose(1, 2) @ stats.outputs[:, part].to(GRAM_DTYPE)
+            gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
+        kept_values = torch.where(
+            real[..., None], solve_normal(gram, rhs, real, ridge, kept_values), kept_values[:, :1]
+        )
+    return beta, kept_values
 
 
 def check_options(selection: str, bias: str, values: str, head_budget: str) -> None:
@@ -207,32 +270,54 @@ def compact_rows(
     ridge: float,
     fixed: torch.Tensor | None = None,
     omp_step: int = 1,
-    stats: list[RowStats] | None = None,
+    stats: RowStats | None = None,
 ) -> Compaction:
     """Every row of `readout` compacted to its own `counts` `[R]` entries (or to `fixed` `[R, c]` ones, the same
-    for every row of a `shared` budget); `stats` when already computed for these queries."""
-    parts = []
-    for r in range(readout.keys.shape[0]):
-        q, k, v = readout.queries[r], readout.keys[r], readout.values[r]
-        row = row_stats(q, k, v) if stats is None else stats[r]
+    for every row of a `shared` budget), rows of similar counts fitted together (`row_groups`; OMP picks each row's
+    keys in turn); `stats` when already computed for these queries, with their outputs."""
+    stats = row_stats(readout) if stats is None else stats
+    widths = [fixed.shape[1]] * len(counts) if fixed is not None else counts.tolist()
+    parts, order = [], []
+    for group in row_groups(widths):
+        rows = torch.tensor(group, device=readout.keys.device)
+        part, part_stats = readout.rows(rows), stats.rows(rows)
         if fixed is not None:
-            index = fixed[r]
+            index = fixed.to(rows.device)[rows]
+            real = torch.ones(index.shape, dtype=torch.bool, device=index.device)
         elif selection == "omp":
-            index = omp_keys(q, k, row.log_max, row.mass, int(counts[r]), omp_step)
+            chosen = zip(part.queries, part.keys, part_stats.log_max, part_stats.mass, (widths[r] for r in group))
+            index, real = pad_index([omp_keys(q, k, top, mass, c, omp_step) for q, k, top, mass, c in chosen])
         else:
-            index = top_keys(row.key_scores(selection), int(counts[r]))
-        parts.append((index, *fit_row(q, k, v, row, index, selection, bias, values, ridge)))
-    return pad_rows(parts)
+            index, real = top_keys(part_stats.key_scores(selection), counts[group])
+        beta, kept = fit_rows(part, part_stats, index, real, selection, bias, values, ridge)
+        parts.append(Compaction(index, beta, kept, real))
+        order.extend(group)
+    return concat(parts).rows(torch.tensor(order).argsort())
 
 
-def pad_rows(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> Compaction:
-    """One Compaction of rows (index `[c]`, β `[c]`, values `[c, D]`) of different lengths (`concat`'s padding)."""
-    return concat(
-        [
-            Compaction(index[None], beta[None], values[None], torch.ones(1, len(index), dtype=torch.bool))
-            for index, beta, values in parts
-        ]
-    )
+def row_groups(widths: list[int], limit: int = GRAM_ELEMENTS) -> list[list[int]]:
+    """Rows fitted together: in decreasing width (entries kept), a group takes the next row while its padded normal
+    equations (rows × widest²) stay within `limit` elements and within twice what its rows' own need."""
+    groups: list[list[int]] = []
+    widest = need = 0
+    for r in sorted(range(len(widths)), key=lambda r: -widths[r]):
+        square = widths[r] ** 2
+        if groups and (len(groups[-1]) + 1) * widest <= min(limit, 2 * (need + square)):
+            groups[-1].append(r)
+            need += square
+        else:
+            groups.append([r])
+            widest = need = square
+    return groups
+
+
+def pad_index(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of kept entries `[c_r]` of different lengths as `index` `[R, max c]` padded with each row's first, and
+    `real` `[R, max c]` (`concat`'s padding)."""
+    width = max(len(r) for r in rows)
+    index = torch.stack([torch.cat([r, r[:1].expand(width - len(r))]) for r in rows])
+    real = torch.arange(width, device=index.device) < torch.tensor([len(r) for r in rows], device=index.device)[:, None]
+    return index, real
 
 
 def concat(parts: list[Compaction]) -> Compaction:
@@ -244,9 +329,9 @@ def concat(parts: list[Compaction]) -> Compaction:
         out.append(
             Compaction(
                 torch.cat([p.index, p.index[:, :1].expand(-1, pad)], 1),
-                torch.cat([p.bias, torch.full((p.bias.shape[0], pad), MASKED)], 1),
+                torch.cat([p.bias, p.bias.new_full((p.bias.shape[0], pad), MASKED)], 1),
                 torch.cat([p.values, p.values[:, :1].expand(-1, pad, -1)], 1),
-                torch.cat([p.real, torch.zeros(p.real.shape[0], pad, dtype=torch.bool)], 1),
+                torch.cat([p.real, p.real.new_zeros(p.real.shape[0], pad)], 1),
             )
         )
     return Compaction(*(torch.cat([getattr(p, f) for p in out]) for f in ("index", "bias", "values", "real")))
@@ -271,8 +356,8 @@ def compact(
     if not 1 <= t <= n:
         raise ValueError(f"cannot keep {t} of {n} entries")
     check_options(selection, bias, values, head_budget)
-    stats = [row_stats(readout.queries[r], readout.keys[r], readout.values[r]) for r in range(rows)]
-    scores = torch.stack([s.key_scores(selection) for s in stats]).reshape(-1, kv_heads, n)
+    stats = row_stats(readout)
+    scores = stats.key_scores(selection).reshape(-1, kv_heads, n)
     counts, index = head_counts(scores, t, head_budget, head_cap)
     fixed = index.reshape(rows, -1) if head_budget == "shared" else None
     return compact_rows(readout, counts.reshape(-1), selection, bias, values, ridge, fixed, omp_step, stats)

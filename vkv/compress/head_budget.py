@@ -58,7 +58,7 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.
         return index, torch.ones_like(index, dtype=torch.bool)
     if rule not in ("adaptive", "global"):
         raise ValueError(f"unknown head budget '{rule}'; choose one of {', '.join(HEAD_BUDGETS)}")
-    kept = torch.zeros(layers, heads, n, dtype=torch.bool)
+    kept = torch.zeros(layers, heads, n, dtype=torch.bool, device=scores.device)
     # the floor every head keeps first: AdaKV's safeguard within a layer; one entry a head for the global threshold
     floor = 1 if rule == "global" else max(1, int(ADAKV_SAFEGUARD * budget))
     kept.scatter_(-1, scores.topk(floor, dim=-1).indices, True)
@@ -68,8 +68,9 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: str) -> tuple[torch.
     kept.view(pool).scatter_(-1, chosen, True)
     counts = kept.sum(-1)  # [layers, heads]
     # Kept entries first (ascending), then the rest: the first `count` columns of each row are its entries.
-    order = torch.where(kept, torch.arange(n), n + torch.arange(n)).argsort(-1)[..., : int(counts.max())]
-    real = torch.arange(order.shape[-1]) < counts[..., None]
+    column = torch.arange(n, device=scores.device)
+    order = torch.where(kept, column, n + column).argsort(-1)[..., : int(counts.max())]
+    real = torch.arange(order.shape[-1], device=scores.device) < counts[..., None]
     return torch.where(real, order, order[..., :1]), real
 
 

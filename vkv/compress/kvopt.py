@@ -7,8 +7,8 @@ to the span's value variance, plus the squared error of its log-normaliser, so t
 later tokens is kept as well as the read-out. No embedding is involved: it is an upper bound in KV space for any
 method that stores t entries per head, not a cache a model could have produced.
 
-Rows are prepared one at a time (a row's attention over the whole span is the largest tensor, held a chunk of queries
-at a time as in `compact`); the descent then needs only the span's read-outs and log-normalisers.
+Rows are prepared a layer at a time, as `compact` fits them (a row's attention over the whole span is held a chunk of
+queries at a time); the descent then needs only the span's read-outs and log-normalisers.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.compaction import SpanReadout, fit_row, row_stats
+from vkv.compress.compaction import RowStats, SpanReadout, fit_rows, row_stats
 from vkv.kv.segment import MASKED
 
 INITS = ("keep", "fit")
@@ -82,7 +82,7 @@ def optimise_entries(
     device = torch.device("cpu") if device is None else device
     layers = [slice(r, min(r + kv_heads, rows)) for r in range(0, rows, kv_heads)]
     targets, starts = _targets_and_starts(readout, layers, index, real, init, ridge, device)
-    start_keys, start_values, start_bias = (torch.stack(s) for s in zip(*starts))
+    start_keys, start_values, start_bias = (torch.stack(s).cpu() for s in zip(*starts))
     mask = real.to(device)
     # A padding slot's bias is a finite 0 under a mask applied in every forward, not a −inf parameter: its gradient
     # is then exactly 0 and Adam never moves it (nor its key and value, which no query attends to).
@@ -112,20 +112,16 @@ def _targets_and_starts(
     ridge: float,
     device: torch.device,
 ) -> tuple[list[_LayerTarget], list]:
-    """What each layer's rows must read (on `device`) and each row's start (`_start`, on the CPU), a layer at a
-    time."""
+    """What each layer's rows must read and each row's start (`_start`), a layer at a time on `device`."""
     targets, starts = [], []
     for layer in layers:
         part = readout.rows(layer)
-        part = SpanReadout(part.queries.float(), part.keys.float(), part.values.float())
-        stats = [row_stats(q, k, v) for q, k, v in zip(part.queries, part.keys, part.values)]
-        starts.extend(_start(part, stats, index[layer], real[layer], init, ridge))
+        part = SpanReadout(*(t.to(device, torch.float32) for t in (part.queries, part.keys, part.values)))
+        stats = row_stats(part)
+        starts.extend(_start(part, stats, index[layer].to(device), real[layer].to(device), init, ridge))
         targets.append(
             _LayerTarget(
-                part.queries.to(device),
-                torch.stack([s.outputs for s in stats]).to(device),
-                torch.stack([s.log_max + s.mass.log() for s in stats]).to(device),
-                part.values.var().clamp_min(1e-8).to(device),
+                part.queries, stats.outputs, stats.log_max + stats.mass.log(), part.values.var().clamp_min(1e-8)
             )
         )
     return targets, starts
@@ -170,14 +166,17 @@ def _descend(
     return best, best_loss, start_loss
 
 
-def _start(part: SpanReadout, stats: list, index: torch.Tensor, real: torch.Tensor, init: str, ridge: float) -> list:
+def _start(
+    part: SpanReadout, stats: RowStats, index: torch.Tensor, real: torch.Tensor, init: str, ridge: float
+) -> list:
     """Each row's start (keys `[t, D]`, values `[t, D]`, bias `[t]`) from its entries `index` `[r, t]` (`real` its
     slots that hold entries): their own keys and values with bias 0, or with `fit` attention matching's fit on them
     (the bounded NNLS biases and least-squares values of highest-attention keys); padding keeps its own, at −inf."""
-    out = []
-    for q, k, v, row, idx, held in zip(part.queries, part.keys, part.values, stats, index, real):
-        values, bias = v[idx].clone(), torch.zeros(len(idx)).masked_fill(~held, MASKED)
-        if init == "fit":
-            bias[held], values[held] = fit_row(q, k, v, row, idx[held], "rms", "nnls", "refit", ridge)
-        out.append((k[idx], values, bias))
-    return out
+    gather = index[..., None].expand(-1, -1, part.keys.shape[-1])
+    keys, values = part.keys.gather(1, gather), part.values.gather(1, gather)
+    bias = torch.zeros(index.shape, device=index.device).masked_fill(~real, MASKED)
+    if init == "fit":
+        fitted_bias, fitted = fit_rows(part, stats, index, real, "rms", "nnls", "refit", ridge)
+        bias = torch.where(real, fitted_bias, bias)
+        values = torch.where(real[..., None], fitted, values)
+    return list(zip(keys, values, bias))

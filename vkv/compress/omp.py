@@ -31,10 +31,11 @@ def omp_keys(
     n = keys.shape[0]
     e = (queries.float() @ keys.float().T - log_max[:, None]).exp()  # [m, n], every entry in (0, 1]
     y = mass.double()
-    chosen = torch.empty(0, dtype=torch.long)
-    factor = torch.empty(0, 0, dtype=torch.float64)  # lower Cholesky factor of E_Sᵀ E_S
-    rhs = torch.empty(0, dtype=torch.float64)  # E_Sᵀ y
-    out = torch.zeros(n, dtype=torch.bool)  # picked or dropped: no longer a candidate
+    device = keys.device
+    chosen = torch.empty(0, dtype=torch.long, device=device)
+    factor = torch.empty(0, 0, dtype=torch.float64, device=device)  # lower Cholesky factor of E_Sᵀ E_S
+    rhs = torch.empty(0, dtype=torch.float64, device=device)  # E_Sᵀ y
+    out = torch.zeros(n, dtype=torch.bool, device=device)  # picked or dropped: no longer a candidate
     current = torch.zeros_like(y)
     rounds = 0
     while True:
@@ -57,7 +58,7 @@ def omp_keys(
         gram = (factor @ factor.T)[keep][:, keep]  # dropped keys stay out of the candidates
         chosen, rhs = chosen[keep], rhs[keep]
         factor = torch.linalg.cholesky(
-            gram + JITTER * gram.diagonal().mean() * torch.eye(len(chosen), dtype=gram.dtype)
+            gram + JITTER * gram.diagonal().mean() * torch.eye(len(chosen), dtype=gram.dtype, device=device)
         )
         current = e[:, chosen].double() @ _weights(factor, rhs) if len(chosen) else torch.zeros_like(y)
     return chosen.sort().values
@@ -77,7 +78,7 @@ def _grow(
     below = torch.linalg.solve_triangular(factor, e[:, chosen].double().T @ new, upper=False).T  # [k, c]
     corner = new.T @ new - below @ below.T
     scale = (new * new).sum(0).mean()
-    eye = torch.eye(len(picks), dtype=corner.dtype)
+    eye = torch.eye(len(picks), dtype=corner.dtype, device=corner.device)
     for jitter in (JITTER, 1e-6, 1e-3):
         tail, info = torch.linalg.cholesky_ex(corner + jitter * scale * eye)
         if int(info) == 0:

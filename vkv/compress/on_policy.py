@@ -20,6 +20,7 @@ from vkv.compress.compaction import Compaction, SpanReadout, compact_rows, conca
 from vkv.compress.reconstruction import read_out_feeds
 from vkv.compress.reference_queries import grouped
 from vkv.lm.layerwise import LayerwisePass
+from vkv.stages import stage
 
 
 @dataclass
@@ -71,23 +72,26 @@ def compact_on_policy(
     prefix = lm.prefix(work.prefix_cache())
     parts = []
     for layer in range(layers):
-        queries = read_out_queries(stack, firsts, picked)
+        with stage("on-policy pass", lm.device):
+            queries = read_out_queries(stack, firsts, picked)
         if extra is not None:
             queries = torch.cat([queries, extra[layer]], dim=1)
         readout = SpanReadout(queries, keys[layer], values[layer])
-        part = compact_rows(
-            readout,
-            counts[layer],
-            options.selection,
-            options.bias,
-            options.values,
-            options.ridge,
-            None if fixed is None else fixed[layer],
-            options.omp_step,
-        )
+        with stage("fit", lm.device):
+            part = compact_rows(
+                readout,
+                counts[layer],
+                options.selection,
+                options.bias,
+                options.values,
+                options.ridge,
+                None if fixed is None else fixed[layer],
+                options.omp_step,
+            )
         parts.append(part)
         if layer + 1 < layers:
-            stack.advance(*_layer_context(lm, prefix, layer, part, readout))
+            with stage("on-policy pass", lm.device):
+                stack.advance(*_layer_context(lm, prefix, layer, part, readout))
         if on_layer is not None:
             on_layer(layer)
     return concat(parts)

@@ -57,9 +57,11 @@ def token_subset(lm: FrozenLM, tokens: int, cap: int, seed: int) -> torch.Tensor
 
 
 def grouped(lm: FrozenLM, queries: torch.Tensor) -> torch.Tensor:
-    """Post-RoPE queries `[heads, k, head_dim]` → scaled, under their KV heads `[kv_heads, group * k, head_dim]`."""
+    """Post-RoPE queries `[heads, k, head_dim]` → scaled, under their KV heads `[kv_heads, group * k, head_dim]`, float32
+    on the model's device, where every fit on them runs."""
     heads, k, dim = queries.shape
-    return queries.float().cpu().reshape(lm.spec.num_kv_heads, heads // lm.spec.num_kv_heads * k, dim) * dim**-0.5
+    grouped = queries.to(lm.device, torch.float32).reshape(lm.spec.num_kv_heads, heads // lm.spec.num_kv_heads * k, dim)
+    return grouped * dim**-0.5
 
 
 def repeat_queries(work, chunk: int, cap: int) -> torch.Tensor:
