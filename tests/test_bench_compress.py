@@ -106,6 +106,24 @@ def test_bench_reports_every_stage_each_method_records(test_model_dir, tmp_path,
     assert "no quality" in stdout and "selection s" in stdout and "peak host MB" in stdout
 
 
+def test_a_crashing_method_is_reported_and_the_others_still_measured(test_model_dir, tmp_path, capsys, monkeypatch):
+    real = bench_compress.get_method
+
+    class Broken:
+        def compress(self, work, ratio):
+            raise RuntimeError("expected m1 and m2 to have the same dtype")
+
+    monkeypatch.setattr(bench_compress, "get_method", lambda name: Broken() if name == "knorm" else real(name))
+    out = tmp_path / "compress.json"
+    argv = ["bench", "compress", "--shape", "tiny-qwen2", "--tokens", "200", "--methods", "knorm,truncate"]
+    assert main([*argv, "--json", str(out)]) == 1
+    records = {r["method"]: r for r in json.loads(out.read_text())["records"]}
+    assert records["knorm"]["crashed"] and "RuntimeError: expected m1 and m2" in records["knorm"]["error"]
+    assert records["truncate"]["total"] > 0 and "error" not in records["truncate"]
+    captured = capsys.readouterr()
+    assert "Traceback" in captured.err and "knorm crashed" in captured.out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

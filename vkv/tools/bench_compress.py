@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -158,18 +159,26 @@ def _compress(name: str, work, config: CompressBenchConfig, log) -> dict[str, An
         with peak_memory(work.lm.device) as peak, recording() as seconds:
             with stage("total", work.lm.device):
                 get_method(name).compress(work, config.ratio)
-    except (VkvError, torch.cuda.OutOfMemoryError) as exc:  # refused, or too big for this device: the others go on
-        error = str(exc) if isinstance(exc, VkvError) else f"out of memory on {work.lm.device}"
-        if not isinstance(exc, VkvError):
-            torch.cuda.empty_cache()
-        log(f"  {name}: failed after {time.perf_counter() - started:.1f} s: {error}")
-        return {"method": name, "error": error}
+    except VkvError as exc:  # refused on this window (e.g. past the model's positions): the others go on
+        return _failed(name, str(exc), False, started, log)
+    except torch.cuda.OutOfMemoryError:  # a measurement too: this method does not fit this device at this length
+        torch.cuda.empty_cache()
+        return _failed(name, f"out of memory on {work.lm.device}", False, started, log)
+    except Exception as exc:  # a bug in one method: its traceback on stderr, and the others still measured
+        traceback.print_exc()
+        return _failed(name, f"{type(exc).__name__}: {exc}", True, started, log)
     total = seconds.pop("total")
     record = {"method": name, "stages": _rounded(seconds), "total": round(total, 3), **_peaks(peak)}
     device = "" if record["peak_device_mb"] is None else f", +{mb_text(record['peak_device_mb'])} MB device"
     recorded = ", ".join(f"{k} {v:.2f}" for k, v in seconds.items()) or "none recorded"
     log(f"  {name}: {total:.1f} s, peak +{mb_text(record['peak_host_mb'])} MB host{device}; stages {recorded}")
     return record
+
+
+def _failed(name: str, error: str, crashed: bool, started: float, log) -> dict[str, Any]:
+    seconds = time.perf_counter() - started
+    log(f"  {name}: {'crashed' if crashed else 'failed'} after {seconds:.1f} s: {error}")
+    return {"method": name, "error": error, "crashed": crashed, "seconds": round(seconds, 3)}
 
 
 def table(records: list[dict], title: str) -> Table:
@@ -183,7 +192,7 @@ def table(records: list[dict], title: str) -> Table:
     t.add_column("peak device MB", justify="right")
     for r in records:
         if "error" in r:
-            t.add_row(r["method"], *["—"] * len(stages), "failed", "—", "—")
+            t.add_row(r["method"], *["—"] * len(stages), "crashed" if r["crashed"] else "failed", "—", "—")
             continue
         cells = [f"{r['stages'][s]:.2f}" if s in r["stages"] else "—" for s in stages]
         t.add_row(r["method"], *cells, f"{r['total']:.2f}", mb_text(r["peak_host_mb"]), mb_text(r["peak_device_mb"]))
@@ -203,7 +212,8 @@ def device_name(device: torch.device) -> str:
 
 
 def run_bench_compress(config: CompressBenchConfig) -> int:
-    """Builds or loads the model, measures the window, prints the table and writes the JSON record."""
+    """Builds or loads the model, measures the window, prints the table and writes the JSON record; 1 when a method
+    crashed (the others are measured all the same)."""
     config.validate()
     console = Console(width=None if sys.stdout.isatty() else 200)
     if config.threads:
@@ -256,7 +266,10 @@ def run_bench_compress(config: CompressBenchConfig) -> int:
     }
     write_json_atomic(config.json, report)
     console.print(f"benchmark took {seconds:.0f} s; wrote {config.json}")
-    return 0
+    crashed = [r["method"] for r in records if r.get("crashed")]
+    if crashed:
+        console.print(f"[red]{', '.join(crashed)} crashed (tracebacks on stderr): no times for them[/]")
+    return 1 if crashed else 0
 
 
 def _peaks(peak: dict) -> dict[str, float | None]:
