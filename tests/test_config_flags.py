@@ -33,6 +33,7 @@ from vkv.sweep import SweepConfig
 from vkv.sweep.grid import build_method, expand, load_experiment
 from vkv.sweep.report import ReportConfig
 from vkv.tools.bench_cache import CacheBenchConfig
+from vkv.tools.bench_compress import CompressBenchConfig
 from vkv.tools.bench_optimizer import BenchConfig
 from vkv.tools.memory import PlanConfig
 
@@ -43,6 +44,7 @@ COMMANDS = [
     (["report", "runs"], {}, ReportConfig, ()),
     (["bench", "optimizer"], {}, BenchConfig, ()),
     (["bench", "cache"], {}, CacheBenchConfig, ()),
+    (["bench", "compress"], {}, CompressBenchConfig, ()),
     (["plan"], {}, PlanConfig, ()),
     (["doctor"], {}, DoctorConfig, ()),
     (["prune", "f.py"], {"backend": "lamr", "query": "q"}, PruneConfig, ()),

@@ -1,8 +1,8 @@
 """`vkv doctor`, `vkv bench` and `vkv plan`: checks, speed and memory of this machine and model.
 
 Every flag is a field of the command's config: `DoctorConfig` (here), `BenchConfig` (vkv.tools.bench_optimizer),
-`CacheBenchConfig` (vkv.tools.bench_cache), `ScalingBenchConfig` (vkv.tools.bench_scaling) and `PlanConfig`
-(vkv.tools.memory)."""
+`CacheBenchConfig` (vkv.tools.bench_cache), `ScalingBenchConfig` (vkv.tools.bench_scaling), `CompressBenchConfig`
+(vkv.tools.bench_compress) and `PlanConfig` (vkv.tools.memory)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, write_json
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.tools.bench_cache import CacheBenchConfig, run_bench_cache
+from vkv.tools.bench_compress import CompressBenchConfig, run_bench_compress
 from vkv.tools.bench_optimizer import BenchConfig, run_bench
 from vkv.tools.bench_scaling import ScalingBenchConfig, run_bench_scaling
 from vkv.tools.doctor import check
@@ -40,6 +41,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench_command == "cache":
         return run_bench_cache(from_args(CacheBenchConfig, args))
+    if args.bench_command == "compress":
+        return run_bench_compress(from_args(CompressBenchConfig, args))
     if args.bench_command == "scaling":
         return run_bench_scaling(from_args(ScalingBenchConfig, args))
     return run_bench(from_args(BenchConfig, args))
@@ -65,6 +68,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "scaling", help="each method's compression seconds and peak memory against context length"
     )
     add_arguments(scaling, ScalingBenchConfig)
+    compress = bsub.add_parser(
+        "compress",
+        help="seconds of each stage and peak host and device memory of each method on one window; --shape: a "
+        "shipped architecture with random weights",
+    )
+    add_arguments(compress, CompressBenchConfig)
     p = sub.add_parser("plan", help="memory budget of a compression run, computed from the model config")
     p.set_defaults(run=cmd_plan, outputs=("json",))
     add_arguments(p, PlanConfig)

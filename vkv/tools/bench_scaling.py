@@ -25,6 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
@@ -65,24 +66,31 @@ class ScalingBenchConfig:
         return self
 
 
+def window_work(lm: FrozenLM, transcript, rendered, length: int, seed: int, field: str) -> SpanWork:
+    """What every method is given for the window of the first `length` tokens of a rendered transcript (its
+    full-context pass included): the span is everything after the system message, cut inside a message where `length`
+    falls there. `field`: the setting that chose `length`, named when it does not fit."""
+    start = rendered.token_span(*transcript.default_span())[0]
+    if length > len(rendered.ids) or length <= start:
+        raise VkvError(
+            f"{transcript.path or transcript.id}: field {field}: {length} tokens do not fit its {len(rendered.ids)} "
+            f"tokens after its {start}-token system message; choose {field} between {start + 1} and {len(rendered.ids)}"
+        )
+    return span_work(lm, transcript, rendered, start, length, seed=seed)
+
+
 def measure(lm: FrozenLM, config: ScalingBenchConfig, length: int, log) -> list[dict[str, Any]]:
     """The prefill and every method of `config` on the first `length` tokens of `config.transcript`."""
     transcript = load_transcript(config.transcript)
     rendered = render(transcript, lm.tokenizer)
-    start = rendered.token_span(*transcript.default_span())[0]
-    if length > len(rendered.ids) or length <= start:
-        raise VkvError(
-            f"{config.transcript}: field lengths: {length} tokens do not fit its {len(rendered.ids)} tokens after its "
-            f"{start}-token system message; choose lengths between {start + 1} and {len(rendered.ids)}"
-        )
-    end = length
     with working_memory(lm.device) as peak:
         started = time.perf_counter()
-        work = span_work(lm, transcript, rendered, start, end, seed=config.seed)
+        work = window_work(lm, transcript, rendered, length, config.seed, "lengths")
         prefill = time.perf_counter() - started
+    start, end = work.start, work.end
     log(f"{transcript.id}: first {end} tokens, span {end - start}; prefill {prefill:.1f} s")
     base = {"window": f"{transcript.id}[:{end}]", "window_tokens": end, "span_tokens": end - start}
-    records = [{**base, "method": "prefill", "seconds": round(prefill, 3), "peak_mb": _round(peak["mb"])}]
+    records = [{**base, "method": "prefill", "seconds": round(prefill, 3), "peak_mb": round_mb(peak["mb"])}]
     for name in config.methods:
         torch.manual_seed(config.seed)
         try:
@@ -97,9 +105,9 @@ def measure(lm: FrozenLM, config: ScalingBenchConfig, length: int, log) -> list[
         segments = list(result) if isinstance(result, SegmentGroup) else [result]
         phases = segments[0].stats.get("phase_seconds") if len(segments) == 1 else None
         records.append(
-            {**base, "method": name, "seconds": round(seconds, 3), "peak_mb": _round(peak["mb"]), "phases": phases}
+            {**base, "method": name, "seconds": round(seconds, 3), "peak_mb": round_mb(peak["mb"]), "phases": phases}
         )
-        log(f"  {name}: {seconds:.1f} s, peak +{_mb(peak['mb'])} MB" + (f", phases {phases}" if phases else ""))
+        log(f"  {name}: {seconds:.1f} s, peak +{mb_text(peak['mb'])} MB" + (f", phases {phases}" if phases else ""))
     return records
 
 
@@ -205,12 +213,12 @@ def _seconds_cell(record: dict | None) -> str:
         return "—"
     if "error" in record:
         return "refused"
-    return f"{record['seconds']:.2f} ({_mb(record['peak_mb'])})"
+    return f"{record['seconds']:.2f} ({mb_text(record['peak_mb'])})"
 
 
-def _round(mb: float | None) -> float | None:
+def round_mb(mb: float | None) -> float | None:
     return None if mb is None else round(mb, 1)
 
 
-def _mb(mb: float | None) -> str:
+def mb_text(mb: float | None) -> str:
     return "—" if mb is None or math.isnan(mb) else f"{mb:.0f}"

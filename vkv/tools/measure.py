@@ -51,28 +51,39 @@ def _rss_mb() -> tuple[float, float]:
 
 
 @contextmanager
-def working_memory(device: torch.device) -> Iterator[dict]:
-    """Peak memory the block adds on top of what was allocated before it, in MiB. CUDA: torch's allocator
-    peak. CPU (Linux): peak resident set size, reset before the block (freed heap returned to the OS first)."""
-    found: dict = {"mb": None}
+def peak_memory(device: torch.device) -> Iterator[dict]:
+    """Peak memory the block adds on top of what was in use before it, in MiB: `host_mb`, the peak resident set size
+    (Linux; reset before the block, freed heap returned to the OS first), and on CUDA `device_mb`, torch's allocator
+    peak on `device` (None elsewhere). Either is None where it cannot be read."""
+    found: dict = {"host_mb": None, "device_mb": None}
     gc.collect()
-    if device.type == "cuda":
+    cuda = device.type == "cuda"
+    if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        yield found
-        torch.cuda.synchronize(device)
-        found["mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-        return
+        device_base = torch.cuda.memory_allocated(device)
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
         Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
-        base, _ = _rss_mb()
+        host_base, _ = _rss_mb()
     except OSError:
-        base = None
+        host_base = None
     yield found
-    if base is not None:
-        found["mb"] = _rss_mb()[1] - base
+    if cuda:
+        torch.cuda.synchronize(device)
+        found["device_mb"] = (torch.cuda.max_memory_allocated(device) - device_base) / 2**20
+    if host_base is not None:
+        found["host_mb"] = _rss_mb()[1] - host_base
+
+
+@contextmanager
+def working_memory(device: torch.device) -> Iterator[dict]:
+    """Peak memory the block adds where `device` computes, in MiB (`mb`): `peak_memory`'s device peak on CUDA, its
+    host peak on the CPU."""
+    found: dict = {"mb": None}
+    with peak_memory(device) as peaks:
+        yield found
+    found["mb"] = peaks["device_mb" if device.type == "cuda" else "host_mb"]
 
 
 def saved_activation_mb(lm: FrozenLM, run: Callable[[], torch.Tensor], exclude: list[torch.Tensor]) -> float:

@@ -22,27 +22,14 @@ from vkv.compress.precision import cpu_has_amx
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
 from vkv.lm.load import DEFAULT_MODEL, resolve_model_path
+from vkv.lm.shapes import SHAPES
 from vkv.lm.spec import prefill_bytes, spec_from_config
 from vkv.settings import check_ranges, setting
 
 GIB = 2**30
 
-# Architecture of the reference setup's model, so `vkv plan` needs neither the hub nor the weights.
-PRESETS = {
-    "Qwen/Qwen2.5-Coder-7B-Instruct": dict(
-        model_type="qwen2",
-        hidden_size=3584,
-        intermediate_size=18944,
-        num_hidden_layers=28,
-        num_attention_heads=28,
-        num_key_value_heads=4,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-    ),
-}
+# The shipped shapes by the hub id of their model, so `vkv plan` needs neither the hub nor the weights.
+PRESETS = {shape.hub_id: shape for shape in SHAPES.values() if shape.hub_id}
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "8bit": 1.0, "4bit": 0.5}
 
 
@@ -83,8 +70,7 @@ class Shapes:
 def load_config(model: str):
     """A transformers config for a preset name, a vkv alias, a directory, or a cached hub id (never downloads)."""
     if model in PRESETS:
-        settings = dict(PRESETS[model])
-        return AutoConfig.for_model(settings.pop("model_type"), **settings)
+        return PRESETS[model].config()
     path, local = resolve_model_path(model)
     try:
         return AutoConfig.from_pretrained(path, local_files_only=True)
