@@ -84,8 +84,9 @@ def load_model_from(config: ModelConfig):
 
 
 def write_json(path: str | None, obj) -> None:
+    """`obj` as JSON to `path`, a command's --json (vkv.io.check_output checked it before the work)."""
     if path:
-        write_json_atomic(path, obj)
+        write_json_atomic(path, obj, field="--json")
         console.print(f"wrote {path}")
 
 
