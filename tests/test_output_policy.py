@@ -107,6 +107,7 @@ def test_python_writers_refuse_what_is_no_regular_file(tmp_path, kind):
     from vkv.io import write_json_atomic, write_text_atomic
     from vkv.kv.file import save_cache
     from vkv.kv.spliced import SplicedCache
+    from vkv.sweep.results import ResultsFile
 
     target = hostile_output(tmp_path, kind)
     before = snapshot(tmp_path)
@@ -114,8 +115,9 @@ def test_python_writers_refuse_what_is_no_regular_file(tmp_path, kind):
         lambda: write_json_atomic(target, {"x": 1}),
         lambda: write_text_atomic(target, "text\n"),
         lambda: save_cache(SplicedCache(), target),
+        lambda: ResultsFile(target),  # a sweep's results, appended to
     ):
-        with pytest.raises(VkvError, match=f"{target}: field path: "):
+        with pytest.raises(VkvError, match=f"{target}: field (path|--out): "):
             write()
     assert snapshot(tmp_path) == before
 
