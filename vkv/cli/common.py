@@ -50,7 +50,9 @@ class OutputFlags:
     """`--force`, added by vkv.cli.build_parser to every command that writes files (its `outputs`)."""
 
     force: bool = setting(
-        False, "replace an existing file of another kind (a cache with JSON, a text file with a cache)"
+        False,
+        "replace an existing file of another kind (a cache with JSON, a text file with a cache; any file with an "
+        "imported transcript or a report.md vkv did not write); never a link, device, input or what vkv keeps",
     )
 
 
