@@ -110,7 +110,7 @@ def main() -> int:
                 changed += 1
             lines.append(json.dumps(new))
         if args.write:
-            write_text_atomic(path, "\n".join(lines) + "\n")
+            write_text_atomic(path, "\n".join(lines) + "\n", writes="json")  # JSON lines
     action = "rewritten" if args.write else "would change (pass --write)"
     print(f"{changed} run ids {action}, {same} unchanged, {refused} refused")
     return 0

@@ -3,6 +3,8 @@ a figure's text and its data lines."""
 
 from __future__ import annotations
 
+import re
+
 
 def line(run_id, method, ratio, correct, seed=0, pooling=None, trace=(), span=100):
     run = {
@@ -84,7 +86,8 @@ def keep_figures(monkeypatch) -> dict:
     saved, original = {}, Figure.savefig
 
     def keep(fig, path, *args, **kwargs):
-        saved[str(path).rsplit("/", 1)[-1]] = fig
+        name = str(path).rsplit("/", 1)[-1]  # written first as .NAME.RANDOM.tmp beside NAME (vkv.io.atomic_path)
+        saved[re.sub(r"^\.(.+)\.[^.]+\.tmp$", r"\1", name)] = fig
         return original(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", keep)

@@ -1,6 +1,7 @@
 """Files in and out. Reads of user-given files are bounded (size, nesting, regular files only), so /dev/zero, a FIFO
 or a gigabyte of brackets is one sentence, not a MemoryError, a hang or a RecursionError. Writes are atomic: a crash
-mid-write never leaves a half-written result or cache behind; an output never lands on one of the command's inputs."""
+mid-write never leaves a half-written result or cache behind; what may be written where is one rule, `check_output`:
+never through a link, onto a device, FIFO or directory, onto an input or another output, or onto what vkv keeps."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
+from vkv.home import HELD, vkv_home
 
 INPUT_LIMIT_ENV = "VKV_MAX_INPUT_MB"
 DEFAULT_INPUT_MB = 64.0  # transcripts are tens of kB; parsed JSON takes several times its bytes, so 64 MB stays < 1 GB
@@ -122,37 +125,136 @@ def check_depth(data: Any, where: str, what: str, max_depth: int = MAX_JSON_DEPT
             stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
-def check_writable(path: str | os.PathLike, field: str) -> None:
-    """Refuse, before any work, an output file that could not be written: one that is a directory, or whose directory
-    does not exist or is not writable (nothing is created here)."""
+TEMP_EXTRA = (
+    len("..") + 8 + len(".tmp")
+)  # what `atomic_path`'s temporary name adds to the output's: dots, random, suffix
+FORCE = ContextVar("force", default=False)  # the CLI's --force, for every write of the command it was given to
+
+
+@contextmanager
+def forcing(force: bool) -> Iterator[None]:
+    """Within the block, writers replace files of another kind as `force` says (the CLI's --force, checked with the
+    command's outputs before its work), so the writes deep in a command decide as its up-front check did."""
+    token = FORCE.set(force)
+    try:
+        yield
+    finally:
+        FORCE.reset(token)
+
+
+def check_output(
+    path: str | os.PathLike,
+    field: str,
+    writes: str,
+    force: bool = False,
+    inputs: dict[str, str] | None = None,
+    others: dict[str, str] | None = None,
+    how: str = "pass --force",
+) -> None:
+    """Whether vkv may write `writes` (a kind of FILE_KINDS) to `path`, named by `field` (a flag, or a parameter):
+    the one rule for every output, checked before any work and again by the atomic writers. An output is a regular
+    file or nothing yet: never a link (what it points at would be replaced), a device, FIFO, socket or directory; its
+    directory exists and is writable, and its name leaves room for the temporary file's; it is none of the command's
+    `inputs` (path → what a sentence calls it; a directory stands for every file in it, e.g. a model's) and none of
+    its `others` outputs (flag → path); it is nothing vkv keeps in its home (the signing key, the models); and an
+    existing file of another kind is replaced only with `force` (never in vkv's home, where vkv wrote each file as its
+    own kind). Refusals are one sentence naming the file and `field`."""
+    if not os.fspath(path):
+        raise VkvError(f"'': field {field}: an empty path names no file to write")
     target = Path(path)
-    parent = target.parent if str(target.parent) else Path(".")
-    if target.is_dir():
-        raise VkvError(f"{target}: field {field}: is a directory, not a file to write")
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:  # NotADirectoryError: a part of the path is a file
+        raise VkvError(f"{target}: field {field}: cannot be written ({exc.strerror})") from None
+    if mode is not None and stat.S_ISLNK(mode):
+        raise VkvError(
+            f"{target}: field {field}: is a symbolic link (to {os.readlink(target)}); vkv writes outputs only as "
+            "regular files, so nothing a link leads to is replaced; give the file's own path"
+        )
+    if mode is not None and not stat.S_ISREG(mode):
+        raise VkvError(f"{target}: field {field}: is {_kind(mode)}, not a regular file to write")
+    parent = target.parent
     if not parent.is_dir():
         raise VkvError(f"{target}: field {field}: the directory {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    if not os.access(parent, os.W_OK | os.X_OK) or (mode is not None and not os.access(target, os.W_OK)):
         raise VkvError(f"{target}: field {field}: not writable")
+    name_max = _name_max(parent)
+    if len(os.fsencode(target.name)) + TEMP_EXTRA > name_max:
+        raise VkvError(
+            f"{target}: field {field}: the name is {len(os.fsencode(target.name))} bytes long, and with the "
+            f"{TEMP_EXTRA} bytes a temporary file adds it passes this file system's limit of {name_max}; choose a shorter name"
+        )
+    check_not_input(target, field, inputs or {})
+    resolved = parent.resolve() / target.name
+    for flag, other in (others or {}).items():
+        if other and resolved == Path(other).parent.resolve() / Path(other).name:
+            raise VkvError(f"{target}: field {field}: {flag} names the same file; give each output its own path")
+    inside_home, held = _in_home(target)
+    if held:
+        raise VkvError(
+            f"{target}: field {field}: that is {held}, which vkv keeps in its home {vkv_home()} and no output may "
+            "replace; write elsewhere"
+        )
+    if inside_home:
+        force, how = False, "remove it yourself"  # vkv wrote the files in its home, each as its kind
+    check_replaceable(target, field, writes, force, how)
+
+
+def _in_home(target: Path) -> tuple[bool, str | None]:
+    """Whether `target` lies in vkv's home, and what there it is part of (HELD's words) when vkv keeps it; both as
+    given and resolved, since the home, or a part of it such as the models, may be a link."""
+    home = vkv_home()
+    found = {Path(os.path.abspath(target)), target.parent.resolve() / target.name}
+
+    def within(root: Path) -> bool:
+        return any(r == f or r in f.parents for r in {Path(os.path.abspath(root)), root.resolve()} for f in found)
+
+    held = next((what for name, what in HELD.items() if within(home / name)), None)
+    return within(home), held
+
+
+def _name_max(directory: Path) -> int:
+    try:
+        return os.pathconf(directory, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255  # the common limit, where the file system does not say
 
 
 def check_not_input(path: str | os.PathLike, field: str, inputs: dict[str, str]) -> None:
-    """Refuse an output that resolves to one of the command's inputs (`inputs`: path → the argument naming it; a
-    directory there stands for every file in it, e.g. a model's), before any work: writing it would destroy the input."""
-    target = Path(path).expanduser().resolve()
+    """Refuse an output that is one of the command's inputs (`inputs`: path → the argument naming it; a directory
+    there stands for every file in it, e.g. a model's), before any work: writing it would destroy the input. The
+    output's directory is resolved, not the output itself: a link in a model's directory to weights elsewhere (as the
+    Hugging Face cache keeps them) is still a file in that directory."""
+    given_target = Path(path).expanduser()
+    target = given_target.parent.resolve() / given_target.name
     for given, name in inputs.items():
         source = Path(given).expanduser().resolve()
         inside = source.is_dir() and source in target.parents
-        if target == source or inside or (target.exists() and source.exists() and os.path.samefile(target, source)):
+        same = target == source or (target.exists() and source.exists() and os.path.samefile(target, source))
+        if same or inside:
             which = f"a file in {name}, {given}" if inside else f"{name}, {given}"
             raise VkvError(f"{path}: field {field}: that is {which}, an input of this command; write elsewhere")
 
 
-FILE_KINDS = {"cache": "a safetensors cache", "json": "a JSON file", "text": "a text file", "binary": "a binary file"}
+REPORT_TITLE = "# Sweep report: "  # the first line of every report.md vkv writes: a file without it is someone else's
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+FILE_KINDS = {
+    "cache": "a safetensors cache",
+    "json": "a JSON file",
+    "transcript": "a transcript",  # never found by `file_kind`: a transcript may be edited by hand after it is written
+    "report": "a vkv report",
+    "image": "a PNG image",
+    "text": "a text file",
+    "binary": "a binary file",
+}
 
 
 def file_kind(path: str | os.PathLike) -> str | None:
     """What an existing file holds, from its first bytes: 'cache' (safetensors: a little-endian header length, then
-    a JSON object), 'json', 'text' or 'binary'; None for a missing, empty or non-regular file."""
+    a JSON object), 'json', 'report' (vkv's report.md), 'image' (PNG), 'text' or 'binary'; None for a missing, empty
+    or non-regular file."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -164,6 +266,10 @@ def file_kind(path: str | os.PathLike) -> str | None:
         return None
     if len(head) > 8 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= 100 * 2**20:
         return "cache"
+    if head.startswith(PNG_MAGIC):
+        return "image"
+    if head.startswith(REPORT_TITLE.encode()):
+        return "report"
     stripped = head.lstrip()
     if stripped[:1] in (b"{", b"["):
         return "json"
@@ -176,8 +282,8 @@ def file_kind(path: str | os.PathLike) -> str | None:
 
 
 def check_replaceable(path: str | os.PathLike, field: str, writes: str, force: bool, how: str = "pass --force") -> None:
-    """Refuse to replace an existing file of another kind than the output (`writes`: 'cache' or 'json'), a cache with
-    JSON or a transcript with a cache, unless `force`: such a file is not an earlier output of this flag."""
+    """Refuse to replace an existing file of another kind than the output (`writes`, a kind of FILE_KINDS), a cache
+    with JSON or a transcript with a cache, unless `force`: such a file is not an earlier output of this flag."""
     kind = file_kind(path)
     if force or kind is None or kind == writes:
         return
@@ -188,10 +294,14 @@ def check_replaceable(path: str | os.PathLike, field: str, writes: str, force: b
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds."""
+def atomic_path(path: str | os.PathLike, writes: str, field: str = "path", force: bool = False) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; rename it onto `path` only if the block succeeds. `path` is checked
+    (`check_output`, as `field` writing `writes`) first; the rename replaces a link put there meanwhile, never what it
+    points at, and the temporary file is created exclusively (never through a link)."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if os.fspath(path):
+        target.parent.mkdir(parents=True, exist_ok=True)
+    check_output(target, field, writes, force=force or FORCE.get())
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
@@ -211,16 +321,21 @@ def _umask() -> int:
     return mask
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    with atomic_path(path) as tmp:
+def write_text_atomic(
+    path: str | os.PathLike, text: str, writes: str = "text", field: str = "path", force: bool = False
+) -> None:
+    with atomic_path(path, writes, field, force) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False, default=jsonable) + "\n")
+def write_json_atomic(
+    path: str | os.PathLike, obj: Any, writes: str = "json", field: str = "path", force: bool = False
+) -> None:
+    text = json.dumps(obj, indent=2, sort_keys=False, default=jsonable) + "\n"
+    write_text_atomic(path, text, writes, field, force)
 
 
 def jsonable(value: Any) -> Any:

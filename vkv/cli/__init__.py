@@ -22,7 +22,8 @@ from rich.markup import escape
 from vkv.cli.cached import cached_parser
 from vkv.cli.consoles import errors
 from vkv.errors import VkvError
-from vkv.io import check_not_input, check_replaceable, check_writable
+from vkv.home import check_home
+from vkv.io import check_output, forcing
 from vkv.upgrade import old_flag
 
 COMMAND_MODULES = (
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from vkv.settings import add_arguments
 
     for command in sub.choices.values():  # every command that writes files may be told to replace a foreign one
-        if command.get_default("outputs"):
+        if command.get_default("outputs") or command.get_default("output_dirs"):
             add_arguments(command, OutputFlags)
     return parser
 
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
+        check_home()
         if getattr(args, "model", "unset") is None and args.command in TOKENIZER_ONLY:
             from vkv.lm.load import DEFAULT_MODEL
 
@@ -79,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 
             resolve_model_path(args.model)
         check_outputs(args)
-        return args.run(args) or 0
+        with forcing(bool(getattr(args, "force", False))):
+            return args.run(args) or 0
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")
         return 130
@@ -102,17 +105,23 @@ INPUTS = {  # arguments naming files the command reads, and what a sentence call
     "config": "the experiment file",
     "checkpoint": "the checkpoint",
 }
-CACHE_OUTPUTS = {("compress", "out")}  # (command, output) pairs that write a safetensors cache; the others write JSON
+OUTPUT_KINDS = {  # (command, output) → the kind of file it writes (vkv.io.FILE_KINDS); the others write JSON
+    ("compress", "out"): "cache",
+    ("import", "out"): "transcript",
+}
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Refuse, before any work, an output file (the command's `outputs`) that cannot be written, that is one of its
-    inputs (positional files, --transcript, the model's directory, the transcript a cache file records) or that
-    would replace a file of another kind without --force. A sweep's results directory is not an input: its files
-    are appended to."""
-    outputs = {name: getattr(args, name) for name in getattr(args, "outputs", ()) if getattr(args, name, None)}
-    for name, target in outputs.items():
-        check_writable(target, "--" + name.replace("_", "-"))
+    """Refuse, before any work, an output file (the command's `outputs`) that vkv.io.check_output refuses: one that
+    cannot be written, is not a regular file, is one of its inputs (positional files, --transcript, the model's
+    directory, the transcript a cache file records) or another of its outputs, is kept by vkv, or would replace a file
+    of another kind without --force; and where an output is a cache, a signing key that could not sign it. A sweep's
+    results directory is not an input: its files are appended to."""
+    outputs = {
+        name: getattr(args, name) for name in getattr(args, "outputs", ()) if getattr(args, name, None) is not None
+    }
+    if not outputs:
+        return
     inputs: dict[str, str] = {}
     for name, label in INPUTS.items():
         value = getattr(args, name, None)
@@ -121,18 +130,23 @@ def check_outputs(args: argparse.Namespace) -> None:
                 inputs.setdefault(given, label)
     model = getattr(args, "model", None)
     if isinstance(model, str):
-        from vkv.lm.load import resolve_model_path
+        from vkv.lm.load import model_directory
 
-        path, local = resolve_model_path(model)
-        if local:  # every file in it is read: weights, tokenizer, config
-            inputs.setdefault(path, "the model directory")
-    if outputs:
-        inputs.update({k: v for k, v in recorded_transcript(args).items() if k not in inputs})
-    for name, target in outputs.items():
-        check_not_input(target, "--" + name.replace("_", "-"), inputs)
-    for name, target in outputs.items():
-        writes = "cache" if (args.command, name) in CACHE_OUTPUTS else "json"
-        check_replaceable(target, "--" + name.replace("_", "-"), writes, bool(getattr(args, "force", False)))
+        directory = model_directory(model)
+        if directory:  # every file in it is read: weights, tokenizer, config
+            inputs.setdefault(directory, "the model directory")
+    inputs.update({k: v for k, v in recorded_transcript(args).items() if k not in inputs})
+    flags = {name: "--" + name.replace("_", "-") for name in outputs}
+    kinds = {name: OUTPUT_KINDS.get((args.command, name), "json") for name in outputs}
+    force = bool(getattr(args, "force", False))
+    for forced in (True, force):  # where each output may go at all first; then what it would replace without --force
+        for name, target in outputs.items():
+            others = {flags[other]: path for other, path in outputs.items() if other != name}
+            check_output(target, flags[name], kinds[name], forced, inputs, others)
+    if "cache" in kinds.values():
+        from vkv.kv.sign import check_key
+
+        check_key()
 
 
 def recorded_transcript(args: argparse.Namespace) -> dict[str, str]:

@@ -16,7 +16,7 @@ from vkv.cli.consoles import console, errors
 from vkv.cli.repetition import RepetitionGuard
 from vkv.errors import VkvError
 from vkv.home import vkv_home
-from vkv.io import check_not_input, check_replaceable, check_writable
+from vkv.io import check_output
 from vkv.progress import status
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
@@ -180,9 +180,7 @@ class Chat:
             console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
         else:
             try:
-                check_writable(target, "/save")
-                check_not_input(target, "/save", self.inputs)
-                check_replaceable(target, "/save", "cache", force=False, how="remove it yourself")  # no --force here
+                check_output(target, "/save", "cache", inputs=self.inputs, how="remove it yourself")  # no --force here
                 self.session.save(target)
                 console.print(f"saved {target}", highlight=False, soft_wrap=True)
                 self.unsaved = 0

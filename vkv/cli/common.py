@@ -50,7 +50,9 @@ class OutputFlags:
     """`--force`, added by vkv.cli.build_parser to every command that writes files (its `outputs`)."""
 
     force: bool = setting(
-        False, "replace an existing file of another kind (a cache with JSON, a text file with a cache)"
+        False,
+        "replace an existing file of another kind (a cache with JSON, a text file with a cache; any file with an "
+        "imported transcript or a report.md vkv did not write); never a link, device, input or what vkv keeps",
     )
 
 
@@ -84,8 +86,9 @@ def load_model_from(config: ModelConfig):
 
 
 def write_json(path: str | None, obj) -> None:
+    """`obj` as JSON to `path`, a command's --json (vkv.io.check_output checked it before the work)."""
     if path:
-        write_json_atomic(path, obj)
+        write_json_atomic(path, obj, field="--json")
         console.print(f"wrote {path}")
 
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from pathlib import Path
 
 from vkv.cli.common import console, key_value_table
-from vkv.errors import VkvError
 from vkv.io import read_input, write_json_atomic
 from vkv.settings import add_arguments, from_args, setting
 from vkv.text.formats import FORMATS, import_conversation
@@ -27,11 +25,9 @@ class ImportConfig:
 
 def cmd_import(args: argparse.Namespace) -> int:
     config = from_args(ImportConfig, args)
-    if Path(config.out).resolve() == Path(args.file).resolve():
-        raise VkvError(f"--out {config.out}: that is the file being imported; write the transcript elsewhere")
     read_input(args.file, "file to import")  # a device, FIFO, directory or oversized file: refused before parsing
     imported = import_conversation(args.file, config.format, config.id)
-    write_json_atomic(config.out, imported.transcript)
+    write_json_atomic(config.out, imported.transcript, "transcript", "--out")
     messages = imported.transcript["messages"]
     roles = {role: sum(m["role"] == role for m in messages) for role in ("system", "user", "assistant", "tool")}
     summary = {

@@ -17,7 +17,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    return run_report(args.dir, from_args(ReportConfig, args))
+    return run_report(args.dir, from_args(ReportConfig, args), force=args.force)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="experiment file (experiments/*.toml)")
     add_arguments(p, SweepConfig)
     p = sub.add_parser("report", help="tables, PNG plots and report.md from a sweep's results")
-    p.set_defaults(run=cmd_report)
+    p.set_defaults(run=cmd_report, output_dirs=("out",))  # its files are checked by run_report, which names them
     p.add_argument("dir", help="a sweep's --out directory")
     add_arguments(p, ReportConfig)

@@ -94,9 +94,12 @@ def cache_metadata(lm: ModelIdentity, **extra) -> dict[str, Any]:
     }
 
 
-def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Sequence[int] | None = None) -> None:
+def save_cache(
+    cache: SplicedCache, path: str | Path, store: str = "kv", ids: Sequence[int] | None = None, force: bool = False
+) -> None:
     """Write tensors and a validated metadata header, signed with this user's key (vkv.kv.sign, which makes the key
-    on the first write); atomic (temp file, then rename).
+    on the first write); atomic (temp file, then rename), to a path `vkv.io.check_output` allows: never through a
+    link, never over a file of another kind unless `force`.
 
     `store="embeddings"` writes no keys or values: verbatim segments keep their token ids (taken from `ids`, the
     rendered tokens their spans index) and virtual ones their embeddings; `load_cache` rebuilds the K/V."""
@@ -134,7 +137,7 @@ def save_cache(cache: SplicedCache, path: str | Path, store: str = "kv", ids: Se
         header.pop(name, None)
     header["digest"] = digest(header, tensors)
     header = sign(json.loads(json.dumps(header, default=str)))  # signed as the file will hold it
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "cache", force=force) as tmp:
         save_file(tensors, str(tmp), metadata={"vkv": json.dumps(header)})
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.home import vkv_home
+from vkv.home import KEY_FILE, check_home, vkv_home
 
-KEY_FILE = "cache-signing.key"
 KEY_BYTES = 32  # as long as SHA-256's output, the least RFC 2104 recommends for HMAC-SHA256
+KEY_SIZES = (2 * KEY_BYTES, 2 * KEY_BYTES + 1)  # its hex digits, without or with the newline vkv writes after them
 TRUST_HOW = (
     "pass --trust-foreign (Python: trust_foreign=True) to load it anyway, still checked by its digest and against "
     "the model"
@@ -50,12 +50,19 @@ def own_key(create: bool = False) -> bytes | None:
     """This user's signing key; None when there is none yet and `create` is false. Created at most once: a key already
     there (made by another vkv process meanwhile, too) is never replaced, since every file it signed would turn foreign."""
     path = key_path()
-    if path.exists():
+    if os.path.lexists(path):  # a dangling link too: it is refused as such, not replaced by a new key
         return _read_key(path)
     if not create:
         return None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # mode 0600 whatever the umask
+    check_home()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # mode 0600 whatever the umask
+    except OSError as exc:
+        raise VkvError(
+            f"{path}: cannot create the cache signing key ({exc.strerror}); make {path.parent} writable or set "
+            "VKV_HOME to a writable directory"
+        ) from None
     try:
         with os.fdopen(fd, "w", encoding="ascii") as f:
             f.write(secrets.token_bytes(KEY_BYTES).hex() + "\n")
@@ -72,6 +79,13 @@ def own_key(create: bool = False) -> bytes | None:
     return _read_key(path)
 
 
+def check_key() -> None:
+    """Before work that ends in signing a cache: this user's key read and checked, or made now where there is none, so
+    that a key that cannot be made or read, is open to others, damaged, or a link out of vkv's home is one sentence
+    before the work instead of the work thrown away after it."""
+    own_key(create=True)
+
+
 def _create_exclusive(path: Path, data: bytes) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -84,24 +98,45 @@ def _create_exclusive(path: Path, data: bytes) -> None:
 
 
 def _read_key(path: Path) -> bytes:
-    """The key in `path` (hex), refused when others may read or replace it or when it is not a key."""
-    info = path.stat()
-    if not stat.S_ISREG(info.st_mode):
-        raise VkvError(f"{path}: the cache signing key is not a regular file")
-    if info.st_mode & 0o077:
-        raise VkvError(
-            f"{path}: the cache signing key is open to other users (mode {stat.S_IMODE(info.st_mode):04o}), who could "
-            f"sign edited caches with it; run chmod 600 {path}"
-        )
-    text = path.read_bytes()[: 4 * KEY_BYTES].decode("ascii", errors="replace").strip()
+    """The key in `path` (hex), refused when others may read or replace it, when it is not a key, or when it is a
+    link that leads nowhere or out of vkv's home (where whoever controls the target controls the key). Read with a
+    size limit: a huge file there is refused, not read whole."""
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.exists():
+            raise VkvError(
+                f"{path}: the cache signing key is a link to {os.readlink(path)}, which does not exist; restore the "
+                "key there, or remove the link to make a new key (the caches the old one signed then load only with "
+                "--trust-foreign)"
+            )
+        if vkv_home().resolve() not in target.parents:
+            raise VkvError(
+                f"{path}: the cache signing key is a link out of vkv's home (to {target}); put the key file itself "
+                "there"
+            )
     try:
-        key = bytes.fromhex(text)
-    except ValueError:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO there is refused below, not waited on
+    except OSError as exc:
+        raise VkvError(f"{path}: cannot read the cache signing key ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise VkvError(f"{path}: the cache signing key is not a regular file")
+        if info.st_mode & 0o077:
+            raise VkvError(
+                f"{path}: the cache signing key is open to other users (mode {stat.S_IMODE(info.st_mode):04o}), who "
+                f"could sign edited caches with it; run chmod 600 {path}"
+            )
+        data = handle.read(max(KEY_SIZES) + 1) if info.st_size in KEY_SIZES else b""
+    try:
+        key = bytes.fromhex(data.decode("ascii").strip()) if len(data) in KEY_SIZES else b""
+    except (UnicodeDecodeError, ValueError):
         key = b""
     if len(key) != KEY_BYTES:
         raise VkvError(
-            f"{path}: the cache signing key is damaged (expected {2 * KEY_BYTES} hex digits); remove it to make a new "
-            "one, after which the caches it signed load only with --trust-foreign"
+            f"{path}: the cache signing key is damaged (expected {2 * KEY_BYTES} hex digits, found a file of "
+            f"{info.st_size} bytes that does not hold them); remove it to make a new one, after which the caches it "
+            "signed load only with --trust-foreign"
         )
     return key
 

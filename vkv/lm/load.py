@@ -99,6 +99,19 @@ def resolve_model_path(name: str) -> tuple[str, bool]:
     return name, False
 
 
+def model_directory(name: str) -> str | None:
+    """The directory `name`'s files are read from: an alias's or a local directory, or a hub id's snapshot in the
+    Hugging Face cache (whose weights are links to blobs beside it); None for a hub id not downloaded yet."""
+    path, local = resolve_model_path(name)
+    if local:
+        return path
+    try:
+        config = try_to_load_from_cache(name, "config.json")
+    except Exception:  # an id the hub library refuses is not in its cache either
+        return None
+    return str(Path(config).parent) if isinstance(config, str) else None
+
+
 def _in_hub_cache(name: str) -> bool:
     """Whether the Hugging Face cache already holds `name`'s config (so it loads without the network)."""
     try:

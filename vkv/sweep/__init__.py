@@ -131,6 +131,10 @@ def run_sweep(experiment_path: str | Path, config: SweepConfig) -> int:
         return 0
     if not pending:
         return 0
+    if config.save_caches:  # a key that cannot sign the caches is one sentence now, not a failure after each run
+        from vkv.kv.sign import check_key
+
+        check_key()
 
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -24,6 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vkv.io import atomic_path
+
 REFERENCES = ("full", "none")
 FEW_WINDOWS = 10  # intervals resting on fewer windows than this carry a caveat
 # Okabe and Ito's colour-blind-safe palette, yellow last: it is the faintest on white, so it comes only with the
@@ -306,7 +308,8 @@ def _finish(fig, path: Path, notes: list[str], handles: dict | None = None, titl
         fig.canvas.draw()  # the legend's height is known only once drawn
         below = legend.get_window_extent().transformed(fig.transFigure.inverted()).y0
     fig.text(0.01, below - 0.01, wrap_notes(notes, fig.get_figwidth()), fontsize=NOTE_SIZE, va="top", ha="left")
-    fig.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.2)
+    with atomic_path(path, "image", "--out") as tmp:  # never through a link put where the PNG goes
+        fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
 
 

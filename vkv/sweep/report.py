@@ -7,19 +7,23 @@ tables, the PNGs and report.md each have their own module.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
-from vkv.io import write_text_atomic
+from vkv.errors import VkvError
+from vkv.io import check_output, forcing, write_text_atomic
 from vkv.settings import setting
 from vkv.sweep.console_tables import print_tables
 from vkv.sweep.paired import paired
 from vkv.sweep.pooled_rows import rows
 from vkv.sweep.report_markdown import markdown
-from vkv.sweep.report_plots import plots
+from vkv.sweep.report_plots import PLOTS, plots
 from vkv.sweep.variants import load
+
+REPORT_FILE = "report.md"
 
 
 @dataclass
@@ -36,21 +40,36 @@ class ReportConfig:
     )
 
 
-def run_report(directory: str | Path, config: ReportConfig | None = None) -> int:
-    """Print the tables for the sweep results in `directory`; write report.md and the PNGs."""
+def run_report(directory: str | Path, config: ReportConfig | None = None, force: bool = False) -> int:
+    """Print the tables for the sweep results in `directory`; write report.md and the PNGs (where files of another
+    kind stand under their names, a report.md vkv did not write among them, only with `force`)."""
     config = config or ReportConfig()
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for the tables
         console = Console(width=200)
     results = load(directory)
     out = Path(config.out) if config.out else results.directory / "report"
+    check_report_outputs(out, force)
     table_rows = rows(results)
     paired_rows = paired(results, config.vs) if config.vs else None
     print_tables(console, results, table_rows, paired_rows)
     reference = paired_rows[0]["reference"].split(" @")[0] if paired_rows else None  # "LABEL @RATIOx": the label
-    images = plots(results, table_rows, out, reference)
+    with forcing(force):  # the PNGs are written deep in vkv.sweep.plots, checked as they were above
+        images = plots(results, table_rows, out, reference)
     if not images:
         console.print("[yellow]no plots: matplotlib is not installed (pip install 'vkv[plots]')[/]")
-    write_text_atomic(out / "report.md", markdown(results, table_rows, images, paired_rows))
-    console.print(f"wrote {out / 'report.md'}" + (f" and {', '.join(images)}" if images else ""))
+    write_text_atomic(out / REPORT_FILE, markdown(results, table_rows, images, paired_rows), "report", "--out", force)
+    console.print(f"wrote {out / REPORT_FILE}" + (f" and {', '.join(images)}" if images else ""))
     return 0
+
+
+def check_report_outputs(out: Path, force: bool) -> None:
+    """Refuse, before the tables and plots are made, an --out that is not a directory, or a file in it that the
+    report would write and must not (vkv.io.check_output): report.md and the PNGs."""
+    if os.path.lexists(out) and not out.is_dir():
+        raise VkvError(f"{out}: field --out: not a directory; the report writes {REPORT_FILE} and its PNGs into one")
+    if not out.is_dir():
+        return  # made when the report is written: nothing in it yet to replace
+    check_output(out / REPORT_FILE, "--out", "report", force)
+    for image in PLOTS.values():
+        check_output(out / image, "--out", "image", force)

@@ -3,6 +3,7 @@ differences, breakdowns, plots with their captions, per transcript, per question
 
 from __future__ import annotations
 
+from vkv.io import REPORT_TITLE
 from vkv.sweep.breakdowns import breakdown, per_question, per_transcript
 from vkv.sweep.report_plots import PLOTS
 from vkv.sweep.table_cells import (
@@ -55,7 +56,7 @@ def _markdown_header(results: SweepResults) -> list[str]:
     models = sorted({f"{line['run']['model']} ({line['identity']['quant']}, {line['device']})" for line in lines})
     units = sorted({line["result"]["transcript"] for line in lines})
     return [
-        f"# Sweep report: {', '.join(sorted({line['sweep'] for line in lines}))}",
+        REPORT_TITLE + ", ".join(sorted({line["sweep"] for line in lines})),
         "",
         f"{len(lines)} finished runs read from {', '.join(results.files)} in `{results.directory}`; every "
         "number below comes from those files.",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from vkv.errors import VkvError
-from vkv.io import parse_json, read_input
+from vkv.io import check_output, parse_json, read_input
 from vkv.sweep.grid import jsonable
 
 
@@ -59,7 +59,9 @@ class ResultsFile:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        check_output(path, "--out", "json")  # appended to, not replaced: still never a link, device or foreign file
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW  # a link put there meanwhile too
+        self.fd = os.open(path, flags, 0o644)
         if not stat.S_ISREG(os.fstat(self.fd).st_mode):  # a FIFO or device there would hang or swallow results
             os.close(self.fd)
             raise VkvError(f"{path}: the results file is not a regular file; remove it or give another --out")

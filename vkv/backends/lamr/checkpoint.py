@@ -46,7 +46,7 @@ def save_checkpoint(model: LaMRModel, directory: str | Path, extra: dict[str, An
     for name in model.trainable_backbone_parameters:
         state[f"backbone.{name}"] = named[name]
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
-    with atomic_path(out / WEIGHTS_FILE) as tmp:
+    with atomic_path(out / WEIGHTS_FILE, "cache") as tmp:  # safetensors, as a cache is
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "version": str(VERSION)})
     manifest = {
         "format": FORMAT,

@@ -78,7 +78,7 @@ def parse_record(line: str, where: str) -> Record:
 
 
 def write_records(path: str | Path, records: list[Record]) -> None:
-    with atomic_path(path) as tmp:
+    with atomic_path(path, "json") as tmp:  # JSON lines
         with open(tmp, "w", encoding="utf-8") as handle:
             for record in records:
                 handle.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
