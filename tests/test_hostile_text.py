@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 
 import pytest
 
@@ -113,3 +114,23 @@ def test_a_rendering_too_long_for_the_model_is_refused_before_tokenising(smol_to
     with pytest.raises(VkvError, match="characters, more than the model's 1000 positions"):
         render(huge, smol_tokenizer, max_tokens=1000)
     assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "problem"),
+    [
+        ('"content": "a\\ud800b"', "messages[0].content", "lone surrogate"),
+        (
+            '"content": "a", "tool_calls": [{"name": "f", "arguments": {"n": Infinity}}]',
+            "messages[0].tool_calls[0].arguments.n",
+            "not a JSON",
+        ),
+    ],
+)
+def test_a_transcript_holding_what_no_tokenizer_or_json_writer_takes_is_refused_at_load(tmp_path, body, field, problem):
+    from vkv.text.transcript import load_transcript
+
+    path = tmp_path / "t.json"
+    path.write_text('{"id": "t", "messages": [{"role": "assistant", ' + body + "}]}")
+    with pytest.raises(VkvError, match=re.escape(f"{path}: field {field}") + ".*" + problem):
+        load_transcript(path)

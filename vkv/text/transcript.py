@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.io import parse_json, read_input
+from vkv.io import check_plain, parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
@@ -91,6 +91,7 @@ def parse_transcript(data: Any, source: str = "<transcript>", sha256: str = "") 
     where = _Where(source)
     if not isinstance(data, dict):
         where.fail("", "top level must be a JSON object")
+    check_plain(data, source, "transcript")  # text a tokenizer can encode, numbers JSON can write
     tid = _string(data, "id", where, "")
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
