@@ -134,3 +134,44 @@ def test_a_transcript_holding_what_no_tokenizer_or_json_writer_takes_is_refused_
     path.write_text('{"id": "t", "messages": [{"role": "assistant", ' + body + "}]}")
     with pytest.raises(VkvError, match=re.escape(f"{path}: field {field}") + ".*" + problem):
         load_transcript(path)
+
+
+# ---- bounded work ----------------------------------------------------------------------------------
+
+
+def test_answering_stops_at_its_deadline_with_what_it_has(tiny_llama):
+    import time
+
+    from vkv.kv.spliced import SplicedCache
+    from vkv.lm.context import Context
+
+    prompt = tiny_llama.tokenizer("List the files.", add_special_tokens=False)["input_ids"]
+    unbounded = Context(tiny_llama, SplicedCache()).greedy(prompt, 12)
+    cut = Context(tiny_llama, SplicedCache()).greedy(prompt, 12, deadline=time.monotonic())
+    assert len(unbounded) > 1 and cut == unbounded[:1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--question", "q", "--max-new-tokens", "100000"], "--max-new-tokens"),
+        (["--question", "q", "--max-seconds", "0"], "--max-seconds"),
+        (["--question", " \n "], "--question: is empty"),
+    ],
+)
+def test_ask_refuses_unbounded_or_empty_requests_before_reading_the_cache(tmp_path, capsys, argv, said):
+    from vkv.cli import main
+
+    assert main(["ask", str(tmp_path / "absent.safetensors"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "absent.safetensors" not in err
+
+
+def test_a_shard_count_far_beyond_the_grid_costs_no_memory():
+    from types import SimpleNamespace
+
+    from vkv.sweep.plan import take_shard
+
+    runs = [SimpleNamespace(id=f"r{k}", group="g", unit=SimpleNamespace(label=f"w{k // 2}")) for k in range(6)]
+    assert [r.id for r in take_shard(runs, 1, 10**12)] == [r.id for r in take_shard(runs, 1, 3)] == ["r2", "r3"]
+    assert take_shard(runs, 10**12 - 1, 10**12) == []
