@@ -175,3 +175,46 @@ def test_a_shard_count_far_beyond_the_grid_costs_no_memory():
     runs = [SimpleNamespace(id=f"r{k}", group="g", unit=SimpleNamespace(label=f"w{k // 2}")) for k in range(6)]
     assert [r.id for r in take_shard(runs, 1, 10**12)] == [r.id for r in take_shard(runs, 1, 3)] == ["r2", "r3"]
     assert take_shard(runs, 10**12 - 1, 10**12) == []
+
+
+# ---- no silent or misleading cases -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ("ratios = [nan]", "field ratios: a ratio is a number"),
+        ("ratios = [inf]", "field ratios: a ratio is a number"),
+        ("seeds = [1180591620717411303424]", "field seeds: seeds are integers in 0.."),
+        ("seeds = [-1]", "field seeds: seeds are integers in 0.."),
+    ],
+)
+def test_sweep_dry_run_refuses_ratios_and_seeds_nothing_could_run(tmp_path, capsys, line, said):
+    from vkv.cli import main
+
+    key = line.split(" ")[0]
+    text = (
+        f'name = "t"\n[defaults]\nmodel = "smollm2-135m"\nquant = "fp32"\ntranscripts = ["{FIXTURES / "mini-agent.json"}"]\n'
+        'methods = ["knorm"]\n' + ("seeds = [0]\n" if key == "ratios" else "ratios = [2]\n") + line + "\n"
+    )
+    path = tmp_path / "exp.toml"
+    path.write_text(text)
+    assert main(["sweep", str(path), "--dry-run", "--out", str(tmp_path / "out")]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_doctor_refuses_a_device_nothing_runs_on(capsys):
+    from vkv.cli import main
+
+    assert main(["doctor", "--model", "smollm2-135m", "--device", "meta"]) == 2
+    err = capsys.readouterr().err
+    assert "--device meta" in err and "Traceback" not in err
+
+
+def test_a_json_file_given_as_a_cache_is_named_json(tmp_path):
+    from vkv.kv.file import read_header
+
+    path = tmp_path / "t.safetensors"
+    path.write_text(json.dumps(conversation("a.txt")))
+    with pytest.raises(VkvError, match="is a JSON file.*not a vkv cache"):
+        read_header(path)
