@@ -218,3 +218,14 @@ def test_a_json_file_given_as_a_cache_is_named_json(tmp_path):
     path.write_text(json.dumps(conversation("a.txt")))
     with pytest.raises(VkvError, match="is a JSON file.*not a vkv cache"):
         read_header(path)
+
+
+def test_prune_refuses_an_empty_file(tmp_path, capsys, backend="longcodezip"):
+    from vkv.cli import main
+
+    path = tmp_path / "empty.py"
+    path.write_text(" \n")
+    assert (
+        main(["prune", str(path), "--backend", backend, "--model", "smollm2-135m", "--query", "q", "--ratio", "2"]) == 2
+    )
+    assert f"{path}: the file to prune is empty" in capsys.readouterr().err
