@@ -104,3 +104,64 @@ def test_bad_files_are_one_sentence_and_the_input_is_never_the_output(tmp_path, 
     empty.write_text('{"messages": []}')
     assert main(["import", str(empty), "--format", "anthropic", "--out", str(tmp_path / "t.json")]) == 2
     assert not (tmp_path / "t.json").exists()
+
+
+DEEP = "[" * 150 + "]" * 150
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text", "field", "problem"),
+    [
+        ("openai", '[{"role": "assistant", "content": "x", "tool_calls": 5}]', "messages[0].tool_calls", "a list"),
+        (
+            "anthropic",
+            '{"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}',
+            "messages[0].content[0].text",
+            "a string",
+        ),
+        ("openai", '[{"role": "user", "content": "a\\ud800b"}]', "[0].content", "lone surrogate"),
+        ("jsonl-log", '{"role": "user", "content": "a\\udfffb"}\n', "content", "lone surrogate"),
+        (
+            "openai",
+            '[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"x": NaN}}}]}]',
+            "[0].tool_calls[0].function.arguments.x",
+            "not a JSON number",
+        ),
+        (
+            "openai",
+            json.dumps(
+                [
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": "f", "arguments": '{"a": ' + DEEP + "}"}}],
+                    }
+                ]
+            ),
+            "messages[0].tool_calls[0].function.arguments",
+            "more than 100 levels deep",
+        ),
+        ("openai", json.dumps([{"role": "user", "content": json.loads(DEEP)}]), "", "more than 100 levels deep"),
+    ],
+)
+def test_import_accepts_only_what_every_vkv_reader_accepts(tmp_path, fmt, text, field, problem):
+    path = tmp_path / "in.json"
+    path.write_text(text)
+    with pytest.raises(VkvError, match=re.escape(field) + ".*" + problem):
+        import_conversation(path, fmt)
+
+
+def test_json_lines_split_only_at_newlines(tmp_path):
+    path = tmp_path / "log.jsonl"
+    line = {"role": "user", "content": "first\u2028second\x85third\x1cfourth"}
+    path.write_text(json.dumps(line, ensure_ascii=False) + "\r\n" + json.dumps({"role": "assistant", "content": "ok"}))
+    messages = import_conversation(path, "jsonl-log").transcript["messages"]
+    assert [m["content"] for m in messages] == [line["content"], "ok"]
+
+
+def test_the_other_format_is_named_when_a_file_is_read_as_the_wrong_one(tmp_path):
+    anthropic = SAMPLES / "anthropic-tools.json"
+    with pytest.raises(VkvError, match="try --format anthropic"):
+        import_conversation(anthropic, "openai")
+    with pytest.raises(VkvError, match="try --format openai"):
+        import_conversation(SAMPLES / "openai-tools.json", "anthropic")

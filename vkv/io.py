@@ -125,6 +125,37 @@ def check_depth(data: Any, where: str, what: str, max_depth: int = MAX_JSON_DEPT
             stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
+def check_plain(data: Any, where: str, what: str) -> None:
+    """Refuse JSON data holding what only Python's JSON reader accepts: a bare NaN or Infinity (not a JSON number) or
+    a lone UTF-16 surrogate (e.g. "\\ud800", which no UTF-8 text can hold and a tokenizer cannot encode); the
+    sentence names the field. Iterative, like `check_depth`."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise VkvError(
+                f"{where}: field {path or '(top level)'}: {value} is not a JSON number (the {what} needs finite numbers)"
+            )
+        if isinstance(value, str):
+            _check_unicode(value, where, path or "(top level)")
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                _check_unicode(key, where, f"{path}.{key!r}" if path else repr(key))
+                stack.append((child, f"{path}.{key}" if path else str(key)))
+        elif isinstance(value, list):
+            stack.extend((child, f"{path}[{j}]") for j, child in enumerate(value))
+
+
+def _check_unicode(text: str, where: str, path: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise VkvError(
+            f"{where}: field {path}: holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
+            "which is not Unicode text"
+        ) from None
+
+
 TEMP_EXTRA = (
     len("..") + 8 + len(".tmp")
 )  # what `atomic_path`'s temporary name adds to the output's: dots, random, suffix

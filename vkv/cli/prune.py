@@ -73,9 +73,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def prune(path: str, config: PruneConfig) -> dict:
     """The payload `vkv prune` prints (pruned text, token counts, kept lines, the backend's report)."""
     what = {"query": config.query, "budget": config.budget, "ratio": config.ratio, "language": config.language}
+    # a missing, non-regular, oversized, undecodable or empty file is refused before any model loads
+    if not read_source(path).strip():
+        raise VkvError(f"{path}: the file to prune is empty (or only whitespace), so there is nothing to prune")
     if config.backend == "longcodezip":
         settings = LongCodeZipSettings(rank_only=config.rank_only)
-        read_source(path)  # a missing, non-regular, oversized or undecodable file is refused before the model loads
         lm = load_model_from(config.model)
         return prune_file(path, **what, settings=settings, json_path=config.json, lm=lm)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from vkv.cli.common import console, tokenizer_for, write_json
+from vkv.cli.common import console, positions_for, tokenizer_for, write_json
 from vkv.settings import add_arguments, from_args, setting
 from vkv.text.transcript import load_transcript, render
 
@@ -18,7 +18,7 @@ from vkv.text.transcript import load_transcript, render
 @dataclass
 class RenderConfig:
     model: str | None = setting(None, "model whose tokenizer and chat template to use (default: vkv's default model)")
-    json: str | None = setting(None, "also write the span table to this file")
+    json: str | None = setting(None, "also write the span table, with each message's token ids, to this file")
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -26,7 +26,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     config = from_args(RenderConfig, args)
     transcript = load_transcript(args.transcript)
     lm_tokenizer = tokenizer_for(config.model)
-    rendered = render(transcript, lm_tokenizer)
+    rendered = render(
+        transcript,
+        lm_tokenizer,
+        max_tokens=positions_for(config.model),
+        remedy="render a window of it, which `vkv compress --window` or `vkv eval --window` cut",
+    )
     table = Table(title=f"{transcript.id}: {len(rendered.ids)} tokens, {len(rendered.spans)} messages")
     for col, justify in (
         ("turn", "right"),
@@ -56,7 +61,11 @@ def cmd_render(args: argparse.Namespace) -> int:
     console.print(f"spans tile the {len(rendered.ids)} ids: {'yes' if tiles else 'NO'}")
     write_json(
         config.json,
-        {"transcript": transcript.id, "tokens": len(rendered.ids), "spans": [vars(s) for s in rendered.spans]},
+        {
+            "transcript": transcript.id,
+            "tokens": len(rendered.ids),
+            "spans": [{**vars(s), "ids": rendered.ids[s.start : s.end]} for s in rendered.spans],
+        },
     )
     return 0 if tiles else 1
 

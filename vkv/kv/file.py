@@ -223,6 +223,12 @@ def read_header(path: str | Path) -> dict[str, Any]:
             raw = (f.metadata() or {}).get("vkv")
             names = list(f.keys())
     except Exception as exc:  # safetensors raises its own error types for truncated or corrupt headers
+        with open(p, "rb") as handle:
+            start = handle.read(64).lstrip()
+        if start[:1] in (b"{", b"["):  # a safetensors file opens with its header's length, never with JSON text
+            raise VkvError(
+                f"{p}: is a JSON file (a transcript or a table?), not a vkv cache (a safetensors file)"
+            ) from None
         raise VkvError(f"{p}: not a readable safetensors file (truncated or corrupt: {exc})") from exc
     if raw is None:
         raise VkvError(f"{p}: safetensors file without vkv metadata, so not a vkv cache")

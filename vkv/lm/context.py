@@ -12,6 +12,7 @@ forward serves every stream at once with no padding, and every token's keys and 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -123,10 +124,11 @@ class Context:
         finally:
             self.rewind(length)
 
-    def greedy(self, prompt: list[int], max_new_tokens: int = 24) -> list[int]:
+    def greedy(self, prompt: list[int], max_new_tokens: int = 24, deadline: float | None = None) -> list[int]:
+        """The greedy answer to `prompt`; with `deadline` (a `time.monotonic()` value), what it has made by then."""
         with self.scratch():
             logits = self.feed(prompt)
-            return self._decode(logits[-1:], self.streams(1), max_new_tokens)[0]
+            return self._decode(logits[-1:], self.streams(1), max_new_tokens, deadline)[0]
 
     def score(self, questions: Sequence[tuple[list[int], list[list[int]]]], max_new_tokens: int) -> list[Scored]:
         """Each question (prompt, continuations) scored as `score_alone` scores it, all side by side: the prompts in
@@ -188,10 +190,12 @@ class Context:
             out[i][j], start = torch.cat([out[i][j], rest]), start + len(cont)
         return out
 
-    def _decode(self, logits: torch.Tensor, streams: Streams, max_new_tokens: int) -> list[list[int]]:
+    def _decode(
+        self, logits: torch.Tensor, streams: Streams, max_new_tokens: int, deadline: float | None = None
+    ) -> list[list[int]]:
         """Greedy tokens for each stream from `logits` `[streams, vocab]` (the next-token scores after what each has
         fed); feeds what it makes, one token of every stream still answering per forward. A stream stops at a stop
-        token or at `max_new_tokens`."""
+        token or at `max_new_tokens`; every stream stops once `time.monotonic()` passes `deadline`."""
         stops = self.lm.stop_token_ids()
         generated: list[list[int]] = [[] for _ in range(logits.shape[0])]
         active = list(range(logits.shape[0]))  # the streams `logits` holds a row for, in order
@@ -200,7 +204,7 @@ class Context:
             going = [(stream, token) for stream, token in zip(active, tokens) if token not in stops]
             for stream, token in going:
                 generated[stream].append(token)
-            if not going or step == max_new_tokens - 1:
+            if not going or step == max_new_tokens - 1 or (deadline is not None and time.monotonic() >= deadline):
                 break
             active = [stream for stream, _ in going]
             logits, streams = self.feed_streams([token for _, token in going], active, streams)

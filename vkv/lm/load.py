@@ -46,6 +46,8 @@ def resolve_device(device: str | None) -> torch.device:
         resolved = torch.device(device)
     except RuntimeError as exc:
         raise VkvError(f"unknown device '{device}' (use cpu, cuda, cuda:N or auto)") from exc
+    if resolved.type not in ("cpu", "cuda"):  # e.g. meta holds no weights, so nothing could run on it
+        raise VkvError(f"--device {device}: vkv runs models on cpu or cuda devices (cpu, cuda, cuda:N or auto)")
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise VkvError(f"device '{device}' was requested but CUDA is not available on this machine")
     return resolved

@@ -7,6 +7,7 @@ import glob
 import importlib
 import itertools
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -25,6 +26,7 @@ from vkv.settings import Setting, check_value, flat_settings, from_flat
 from vkv.upgrade import RENAMED_SWEEP_KEYS
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes no larger seed
 AXIS_NAMES = {"transcripts": "transcript", "methods": "method", "ratios": "ratio", "seeds": "seed"}
 UNIT_KEYS = ("window", "window_turns", "span", "max_windows")
 PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
@@ -211,8 +213,10 @@ def _relevant(point: dict, where: str) -> dict:
     if cls.uses_ratio and out["ratio"] is None:
         raise VkvError(f"{where}: field ratios is missing and method '{name}' needs a compression ratio")
     out["seed"] = point["seed"]
-    if not isinstance(out["seed"], int):
-        raise VkvError(f"{where}: field seeds: seeds are integers, got {out['seed']!r}")
+    if not isinstance(out["seed"], int) or isinstance(out["seed"], bool) or not 0 <= out["seed"] <= MAX_SEED:
+        raise VkvError(
+            f"{where}: field seeds: seeds are integers in 0..{MAX_SEED} (torch's range), got {out['seed']!r}"
+        )
     if cls.recipe_class is not None:
         settings = recipe_settings(cls.recipe_class)
         out.update({k: check_value(settings[k], v, f"{where}: ") for k, v in point.items() if k in settings})
@@ -245,7 +249,7 @@ def _vkv_mode(point: dict, where: str) -> str:
 def _ratio(value, where: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1:
         raise VkvError(f"{where}: field ratios: a ratio is a number ≥ 1 (span tokens per entry), got {value!r}")
     return float(value)
 

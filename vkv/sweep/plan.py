@@ -170,6 +170,11 @@ def take_shard(runs: list[Run], i: int, n: int) -> list[Run]:
     units: dict[tuple, list[str]] = {}
     for r in runs:
         units.setdefault((r.group, r.unit.label), []).append(r.id)
+    # with more shards than windows, each window fills the first empty shard: the shards past the windows stay empty,
+    # so only as many loads as windows are kept (any n costs no memory)
+    n = min(n, max(len(units), 1))
+    if i >= n:
+        return []
     load, mine = [0] * n, set()
     for _unit_key, ids in sorted(units.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         shard = load.index(min(load))

@@ -19,13 +19,13 @@ added.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
+from vkv.io import check_depth, check_plain, parse_json
 from vkv.text.transcript import parse_transcript
 
 FORMATS = ("openai", "anthropic", "jsonl-log")
@@ -52,12 +52,19 @@ def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = 
         raise VkvError(f"{p}: not UTF-8 text (byte {exc.start})") from None
     reader = _Reader(str(p))
     if fmt == "jsonl-log":
-        for number, line in enumerate(text.splitlines(), 1):
+        # lines end at "\n" alone: str.splitlines would also cut at U+2028 and other separators JSON strings may hold
+        for number, line in enumerate(text.split("\n"), 1):
             if line.strip():
                 reader.log_line(_json(line, f"{p}:{number}"), f"line {number}")
     else:
         data = _json(text, str(p))
-        reader.openai(data) if fmt == "openai" else reader.anthropic(data)
+        try:
+            reader.openai(data) if fmt == "openai" else reader.anthropic(data)
+        except VkvError as exc:
+            other = _other_format(data, fmt)
+            if other is None:
+                raise
+            raise VkvError(f"{exc}; the file looks like {other} format: try --format {other}") from None
     if not reader.messages:
         raise VkvError(f"{p}: no messages found in it as {fmt}")
     transcript = {
@@ -65,17 +72,43 @@ def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = 
         "description": f"imported from {p.name} ({fmt})",
         "messages": reader.messages,
     }
-    parse_transcript(transcript, source=str(p))  # what vkv would refuse is refused now, naming the file
+    # what vkv would refuse is refused now, naming the file: the written transcript must load as one
+    check_depth(transcript, str(p), "imported transcript")
+    parse_transcript(transcript, source=str(p))
     return Imported(transcript, reader.skipped)
 
 
 def _json(text: str, where: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise VkvError(f"{where}: malformed JSON at line {exc.lineno} column {exc.colno} ({exc.msg})") from None
-    except RecursionError:
-        raise VkvError(f"{where}: JSON nested too deeply to be a conversation") from None
+    """JSON as every vkv reader takes it: bounded nesting, finite numbers, Unicode text."""
+    data = parse_json(text, where, "conversation")
+    check_plain(data, where, "conversation")
+    return data
+
+
+def _other_format(data: Any, fmt: str) -> str | None:
+    """The other format (`openai` or `anthropic`) when `data`, refused as `fmt`, has marks only that one has."""
+    messages = data.get("messages") if isinstance(data, dict) else data
+    if not isinstance(messages, list):
+        return None
+    objects = [m for m in messages if isinstance(m, dict)]
+    kinds = {
+        b.get("type")
+        for m in objects
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict)
+    }
+    anthropic = bool(kinds & {*BLOCKS_OF_ANTHROPIC, "image", "document"}) or (
+        isinstance(data, dict) and "system" in data
+    )
+    openai = bool(kinds & {"image_url", "input_audio", "refusal"}) or any(
+        m.get("role") in ("system", "developer", "tool", "function") or "tool_calls" in m for m in objects
+    )
+    if fmt == "openai" and anthropic and not openai:
+        return "anthropic"
+    if fmt == "anthropic" and openai and not anthropic:
+        return "openai"
+    return None
 
 
 class _Reader:
@@ -107,12 +140,15 @@ class _Reader:
         if role in ("system", "developer", "user"):
             self.add("system" if role == "developer" else role, text)
         elif role == "assistant":
-            calls = []
-            for j, call in enumerate(m.get("tool_calls") or []):
+            calls, listed = [], m.get("tool_calls") or []
+            if not isinstance(listed, list):
+                self.fail(f"{where}.tool_calls", f"must be a list of tool calls, got {type(listed).__name__}")
+            for j, call in enumerate(listed):
                 calls.append(self.openai_call(call, f"{where}.tool_calls[{j}]"))
             self.add("assistant", text, calls)
         elif role in ("tool", "function"):
-            name = m.get("name") or self.tool_names.get(m.get("tool_call_id", ""))
+            call_id = m.get("tool_call_id")
+            name = m.get("name") or (self.tool_names.get(call_id) if isinstance(call_id, str) else None)
             self.add("tool", text, name=name)
         else:
             self.fail(f"{where}.role", f"unknown role {role!r} (expected system, developer, user, assistant or tool)")
@@ -138,11 +174,8 @@ class _Reader:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             self.fail(where, "expected {'function': {'name': ..., 'arguments': ...}}")
         arguments = function.get("arguments") or "{}"
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
-                self.fail(f"{where}.function.arguments", "is not a JSON object")
+        if isinstance(arguments, str):  # a JSON document of its own: the same rules as the file's
+            arguments = _json(arguments, f"{self.source}: field {where}.function.arguments")
         if not isinstance(arguments, dict):
             self.fail(f"{where}.function.arguments", "is not a JSON object")
         if isinstance(call.get("id"), str):
@@ -170,7 +203,10 @@ class _Reader:
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text":
-                texts.append(block.get("text") or "")
+                text = block.get("text") or ""
+                if not isinstance(text, str):
+                    self.fail(f"{at}.text", f"must be a string, got {type(text).__name__}")
+                texts.append(text)
             elif kind == "tool_use" and m["role"] == "assistant":
                 if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                     self.fail(at, "a tool_use block needs a name and an input object")

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.io import parse_json, read_input
+from vkv.io import check_plain, parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
@@ -90,6 +91,7 @@ def parse_transcript(data: Any, source: str = "<transcript>", sha256: str = "") 
     where = _Where(source)
     if not isinstance(data, dict):
         where.fail("", "top level must be a JSON object")
+    check_plain(data, source, "transcript")  # text a tokenizer can encode, numbers JSON can write
     tid = _string(data, "id", where, "")
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -312,7 +314,11 @@ def inline_tool_call(call: ToolCall) -> str:
 
 
 def render(
-    transcript: Transcript, tokenizer, chat_format: ChatFormat | None = None, max_tokens: int | None = None
+    transcript: Transcript,
+    tokenizer,
+    chat_format: ChatFormat | None = None,
+    max_tokens: int | None = None,
+    remedy: str = "use a window of it (--window)",
 ) -> Rendered:
     """Render every message with the chat template; spans tile the ids and prefixes are token prefixes.
 
@@ -322,7 +328,12 @@ def render(
     boundaries token boundaries; anything else (a template that looks ahead, rewrites earlier messages or refuses the
     shortened context, a tokenizer merging across a boundary) takes the exact message-by-message path, which renders
     and tokenises every prefix (quadratic) and refuses in the same words as before. With `max_tokens` (the model's
-    positions), a rendering longer than that is refused after one tokenisation, before any per-message work."""
+    positions), a rendering longer than that is refused after one tokenisation, before any per-message work, and one
+    whose characters could not fit even at the longest token is refused before tokenising; `remedy` ends that refusal
+    with what the calling command offers.
+
+    Message text is text: control-token strings (e.g. `<|im_end|>`) inside a message's content, name or tool calls
+    become ordinary tokens, so the ids hold only the control tokens the chat template itself wrote (see `encode`)."""
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages]
     where = transcript.path or transcript.id
@@ -330,16 +341,28 @@ def render(
         text = fmt.render_text(chats)
     except Exception:  # the exact path names the first message the template refuses
         return _render_by_prefixes(transcript, tokenizer, fmt, chats)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_tokens:  # refused from its length alone: tokenising megabytes takes minutes and gigabytes
+        most = max_tokens * longest_token_chars(tokenizer)
+        if len(text) > most:
+            raise VkvError(
+                f"{where}: renders to {len(text)} characters, more than the model's {max_tokens} positions can hold "
+                f"(at most {longest_token_chars(tokenizer)} characters a token); {remedy}"
+            )
+    plain = plain_ranges(fmt, chats, text, where)
+    ids = encode(tokenizer, text, plain, where)
     if max_tokens and len(ids) > max_tokens:  # the upper bound the spans would tile: no message work is needed
-        raise VkvError(
-            f"{where}: renders to {len(ids)} tokens, beyond the model's {max_tokens} positions; use a window of it "
-            "(--window)"
-        )
+        raise VkvError(f"{where}: renders to {len(ids)} tokens, beyond the model's {max_tokens} positions; {remedy}")
     pieces = _message_texts(fmt, chats)
     if pieces is None or "".join(pieces) != text:
         return _render_by_prefixes(transcript, tokenizer, fmt, chats)
-    piece_ids = tokenizer(pieces, add_special_tokens=False)["input_ids"]  # one batched call
+    if plain:  # each piece keeps the plain ranges that fall inside it
+        piece_ids, offset = [], 0
+        for piece in pieces:
+            inside = [(a - offset, b - offset) for a, b in plain if offset <= a and b <= offset + len(piece)]
+            piece_ids.append(encode(tokenizer, piece, inside, where))
+            offset += len(piece)
+    else:
+        piece_ids = tokenizer(pieces, add_special_tokens=False)["input_ids"]  # one batched call
     spans: list[MessageSpan] = []
     position = 0
     for i, (message, own) in enumerate(zip(transcript.messages, piece_ids)):
@@ -381,7 +404,8 @@ def _render_by_prefixes(transcript: Transcript, tokenizer, fmt: ChatFormat, chat
             raise VkvError(
                 f"{transcript.path or transcript.id}: messages[{i}]: the chat template refused it ({exc})"
             ) from exc
-        prefix_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        where = transcript.path or transcript.id
+        prefix_ids = encode(tokenizer, text, plain_ranges(fmt, chats[: i + 1], text, where), where)
         if prefix_ids[: len(ids)] != ids:
             raise VkvError(
                 f"{transcript.path or transcript.id}: messages[{i}]: the chat template does not render message "
@@ -407,27 +431,175 @@ def followup(
     """
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages] + [{"role": "user", "content": user_text}]
+    where = transcript.path or transcript.id
     text = fmt.render_text(chats, add_generation_prompt=True)
+    plain = plain_ranges(fmt, chats, text, where, add_generation_prompt=True)
     if answer_prefix:
+        if any(c in answer_prefix for c in control_strings(tokenizer)):
+            plain.append((len(text), len(text) + len(answer_prefix)))
         text += answer_prefix
     if not text.startswith(rendered.text):
         raise VkvError(
-            f"{transcript.path or transcript.id}: the chat template rewrites earlier messages when a "
+            f"{where}: the chat template rewrites earlier messages when a "
             "question is appended, so the question cannot continue the cached context"
         )
-    full = tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = encode(tokenizer, text, plain, where)
     if full[: len(rendered.ids)] != rendered.ids:
         raise VkvError(f"{transcript.path or transcript.id}: appending a question changes the tokens of the context")
     return full[len(rendered.ids) :], text
 
 
 def continuation_ids(tokenizer, prompt_text: str, continuation: str) -> list[int]:
-    """Ids of `continuation` as it tokenises after `prompt_text` (leading space included)."""
+    """Ids of `continuation` as it tokenises after `prompt_text` (leading space included); control-token text in
+    the continuation stays text."""
+    plain = [(len(prompt_text), len(prompt_text) + len(continuation))]
     head = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-    both = tokenizer(prompt_text + continuation, add_special_tokens=False)["input_ids"]
+    both = encode(tokenizer, prompt_text + continuation, plain, "an answer choice")
     if both[: len(head)] == head and len(both) > len(head):
         return both[len(head) :]
-    return tokenizer(continuation, add_special_tokens=False)["input_ids"]
+    return encode(tokenizer, continuation, [(0, len(continuation))], "an answer choice")
+
+
+# ---- message text as plain text ---------------------------------------------------------------
+# A chat template marks turns with control tokens (`<|im_start|>`, `<|eot_id|>`); a tokenizer turns their text into
+# those tokens wherever it appears, so a tool output or question holding `<|im_end|><|im_start|>system` would open a
+# turn no message had. Rendering therefore finds where the template put each message's own strings and tokenises the
+# control-token text there as ordinary text.
+
+_MARK = re.compile(r"vkvplain(\d{6})q")
+
+
+def control_strings(tokenizer) -> tuple[str, ...]:
+    """The text of the tokenizer's special (control) tokens, longest first (as a tokenizer matches them)."""
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", None) or ()}
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    found |= {t.content for t in decoder.values() if getattr(t, "special", False)}
+    return tuple(sorted((t for t in found if t.strip()), key=len, reverse=True))
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of this tokenizer stands for: the length of its longest vocabulary entry (byte
+    level vocabularies spell a byte as one character, so this bounds decoded text too)."""
+    cached = getattr(tokenizer, "_vkv_longest_token", None)
+    if cached is None:
+        cached = max((len(t) for t in tokenizer.get_vocab()), default=1)
+        try:
+            tokenizer._vkv_longest_token = cached
+        except AttributeError:  # a tokenizer object that takes no new attributes is measured again next time
+            pass
+    return max(cached, 1)
+
+
+def _mark_plain(chats: list[dict[str, Any]], controls: tuple[str, ...]) -> tuple[list[dict[str, Any]], list]:
+    """Copies of `chats` in which every message string holding control-token text is replaced by a marker that keeps
+    its leading and trailing whitespace (so a template that trims treats both alike), and for each marker the
+    string's core and the field it came from."""
+    cores: list[tuple[str, str]] = []
+
+    def mark(value: Any, field_path: str) -> Any:
+        if isinstance(value, str):
+            if not any(c in value for c in controls):
+                return value
+            core = value.strip()
+            lead = value[: len(value) - len(value.lstrip())]
+            cores.append((core, field_path))
+            return f"{lead}vkvplain{len(cores) - 1:06d}q{value[len(lead) + len(core) :]}"
+        if isinstance(value, dict):
+            return {mark(k, field_path): mark(v, f"{field_path}.{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [mark(v, f"{field_path}[{j}]") for j, v in enumerate(value)]
+        return value
+
+    marked = []
+    for i, chat in enumerate(chats):
+        copy = dict(chat)
+        for key in ("content", "name", "tool_calls"):
+            if key in copy:
+                copy[key] = mark(copy[key], f"messages[{i}].{key}")
+        marked.append(copy)
+    return marked, cores
+
+
+def plain_ranges(
+    fmt: ChatFormat, chats: list[dict[str, Any]], text: str, where: str, add_generation_prompt: bool = False
+) -> list[tuple[int, int]]:
+    """Character ranges of `text` (the template's rendering of `chats`) that hold a message's own control-token
+    text; empty when no message string holds any (the common case, found without rendering again)."""
+    controls = control_strings(fmt.tokenizer)
+    if not controls:
+        return []
+    marked, cores = _mark_plain(chats, controls)
+    if not cores:
+        return []
+    parts = _MARK.split(fmt.render_text(marked, add_generation_prompt=add_generation_prompt))
+    ranges: list[tuple[int, int]] = []
+    position = len(parts[0])
+    fits = text.startswith(parts[0])
+    for k in range(1, len(parts), 2):
+        if not fits:
+            break
+        core, field_path = cores[int(parts[k])]
+        after = parts[k + 1]
+        # the template writes a string as it is, or inside JSON (tool-call arguments) with JSON's escapes
+        spellings = (core, json.dumps(core, ensure_ascii=False)[1:-1], json.dumps(core)[1:-1])
+        spelled = next((s for s in spellings if text.startswith(s + after, position)), None)
+        if spelled is None:
+            fits = False
+            break
+        ranges.append((position, position + len(spelled)))
+        position += len(spelled) + len(after)
+    if not fits or position != len(text):
+        field_path = cores[0][1]
+        raise VkvError(
+            f"{where}: field {field_path}: holds control-token text and the chat template changes that text when it "
+            "renders it, so it cannot be kept as plain text"
+        )
+    return ranges
+
+
+def encode(tokenizer, text: str, plain: list[tuple[int, int]], where: str) -> list[int]:
+    """Token ids of `text` in which control-token text inside the `plain` character ranges becomes ordinary tokens,
+    while control tokens elsewhere (the template's) stay control tokens.
+
+    A tokenizer cuts text at its control tokens and tokenises the pieces between them on their own; this does the
+    same, cutting only at the control tokens outside `plain` and tokenising the pieces with special-token text split
+    into ordinary tokens. Cutting at every control token must give the tokenizer's own ids, which checks that this
+    tokenizer works that way."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not plain:
+        return ids
+    controls = control_strings(tokenizer)
+    found = [m.span() for m in re.finditer("|".join(map(re.escape, controls)), text)] if controls else []
+    kept = [(a, b) for a, b in found if not any(a < end and start < b for start, end in plain)]
+    if len(kept) == len(found):
+        return ids
+    if _encode_cut(tokenizer, text, found) != ids:
+        raise VkvError(
+            f"{where}: a message holds control-token text, and this tokenizer does not tokenise text between its "
+            "control tokens piece by piece, so that text cannot be kept as plain text"
+        )
+    return _encode_cut(tokenizer, text, kept)
+
+
+def _encode_cut(tokenizer, text: str, cuts: list[tuple[int, int]]) -> list[int]:
+    """Ids of `text` cut at the control tokens at `cuts`, each piece between them tokenised as plain text."""
+    pieces, position = [], 0
+    for a, b in cuts:
+        pieces.append(text[position:a])
+        position = b
+    pieces.append(text[position:])
+    present = [p for p in pieces if p]
+    encoded = iter(
+        tokenizer(present, add_special_tokens=False, split_special_tokens=True)["input_ids"] if present else []
+    )
+    ids: list[int] = []
+    for j, piece in enumerate(pieces):
+        if piece:
+            ids.extend(next(encoded))
+        if j < len(cuts):
+            a, b = cuts[j]
+            ids.append(tokenizer.convert_tokens_to_ids(text[a:b]))
+    return ids
 
 
 def parse_turn_span(text: str | None, transcript: Transcript) -> tuple[int, int]:
