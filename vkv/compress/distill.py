@@ -29,6 +29,7 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import check_ranges, setting
+from vkv.stages import stage
 
 PROBES = ("continuation", "summary", "repeat")
 SUMMARY_REQUEST = (
@@ -135,6 +136,20 @@ def distill(
 
 
 def tune(
+    lm: FrozenLM,
+    context: KVPrefix,
+    entries: Callable[[], KVPrefix],
+    params: list[torch.Tensor],
+    end: int,
+    probes: list[Probe],
+    config: DistillConfig,
+) -> list[float]:
+    """The end-to-end stage (`_tune`), timed as one stage."""
+    with stage("end-to-end", lm.device):
+        return _tune(lm, context, entries, params, end, probes, config)
+
+
+def _tune(
     lm: FrozenLM,
     context: KVPrefix,
     entries: Callable[[], KVPrefix],

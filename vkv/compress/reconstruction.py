@@ -22,6 +22,7 @@ from vkv.lm.capture import projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.settings import setting
+from vkv.stages import stage
 
 REPEAT_REQUEST = "\n\nRepeat the previous context exactly.\n\n"
 TEMPLATE_REQUEST = "\n\nRepeat the previous context exactly."  # closed by the chat template's assistant header
@@ -95,13 +96,14 @@ class ReconstructionPass:
         for fed, first in feeds:
             piece = len(fed) - first  # the span's tokens [lo, lo + piece) are fed from row `first` on
             at = torch.arange(len(fed)).float() + context.position
-            with projection_hooks(lm, 0, len(fed), queries=True) as store:
+            with stage("read-out", lm.device), projection_hooks(lm, 0, len(fed), queries=True) as store:
                 context.feed(fed)
             q = torch.stack(store["queries_pre_rope"])  # [layers, heads, fed, head_dim]
-            if score and normalise == "chunk":
-                s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
-            elif score:
-                s = chunk_scores(lm, context, q[:, :, first:], at[first:], torch.arange(first, len(fed)), len(span))
+            with stage("scoring", lm.device):
+                if score and normalise == "chunk":
+                    s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
+                elif score:
+                    s = chunk_scores(lm, context, q[:, :, first:], at[first:], torch.arange(first, len(fed)), len(span))
             if score:
                 scores = s if scores is None else torch.maximum(scores, s)
             queries.append(q[:, :, first:])

@@ -35,6 +35,7 @@ from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import virtual_kv
 from vkv.lm.splice import splice
+from vkv.stages import stage
 from vkv.text.transcript import render
 
 
@@ -89,7 +90,8 @@ def virtual_segment(
             token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
         )
     built = time.perf_counter()
-    result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
+    with stage("steps", lm.device):
+        result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
     if teacher is None and (
         config.distill.validate().steps or (split.verbatim and span_kv is None and verbatim is None)

@@ -20,6 +20,7 @@ from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import MASKED, Segment
 from vkv.methods.base import PerTurnMethod
 from vkv.settings import setting
+from vkv.stages import stage
 
 KVOPT_QUERIES = 1536  # per KV head: the 512 per query head of SmolLM2-135M's groups of three kvopt was measured with
 
@@ -70,18 +71,19 @@ class KVOpt(PerTurnMethod):
         queries = reference_queries(work, self.queries, self.max_queries, self.chunk)
         rows = layers * kv_heads
         try:
-            free = optimise_entries(
-                SpanReadout.per_head(queries, span_keys, span_values),
-                index.reshape(rows, -1),
-                real.reshape(rows, -1),
-                kv_heads,
-                self.start,
-                self.adam_steps,
-                self.adam_lr,
-                self.ridge,
-                device=work.lm.device,
-                on_step=on_step,
-            )
+            with stage("steps", work.lm.device):
+                free = optimise_entries(
+                    SpanReadout.per_head(queries, span_keys, span_values),
+                    index.reshape(rows, -1),
+                    real.reshape(rows, -1),
+                    kv_heads,
+                    self.start,
+                    self.adam_steps,
+                    self.adam_lr,
+                    self.ridge,
+                    device=work.lm.device,
+                    on_step=on_step,
+                )
         except ValueError as exc:
             raise VkvError(f"kvopt: {exc}") from None
         per_head = (layers, kv_heads, -1)
