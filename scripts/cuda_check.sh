@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CLI on a GPU in a few minutes, without the test model's weights: a random tiny Llama with the test model's
 # tokenizer (a directory holding tokenizer.json etc., default: the fetched test model) goes through compress (one
-# span, per turn, bf16 with a logit offset), inspect, ask, every eval method and a sweep with its report.
+# span, per turn, bf16 with a logit offset), inspect, ask, every eval method in fp32, bf16 and 8-bit (bitsandbytes), a
+# bench of every method's stages, and a sweep with its report.
 # Exits non-zero if any step fails; each failing step prints its last vkv frames.
 #   bash scripts/cuda_check.sh [TOKENIZER_DIR]
 set -u
@@ -52,6 +53,15 @@ step "compress per turn" python3 -m vkv.cli compress $T $M --window 560 --per-tu
 step "compress bf16, offset" python3 -m vkv.cli compress $T --model "$W/tiny" --quant bf16 --window 1024 --ratio 8 --steps 2 --virtual-offset -2 --out "$W/b.safetensors"
 step "eval every method" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 \
   --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,kvopt,reuse
+step "eval every method, bf16" python3 -m vkv.cli eval $T --model "$W/tiny" --quant bf16 --window 1024 --max-windows 1 \
+  --ratio 8 --steps 2 --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,kvopt,reuse
+step "eval every method, 8-bit" python3 -m vkv.cli eval $T --model "$W/tiny" --quant 8bit --window 1024 --max-windows 1 \
+  --ratio 8 --steps 2 --method full,none,truncate,streaming,snapkv,knorm,kvzip,am,meanpool,vkv,kvopt,reuse
+step "eval per turn, bf16" python3 -m vkv.cli eval $T --model "$W/tiny" --quant bf16 --window 1024 --max-windows 1 \
+  --ratio 8 --steps 2 --method kvzip,am,vkv --per-turn
+step "compress am, 8-bit, save" python3 -m vkv.cli compress $T --model "$W/tiny" --quant 8bit --window 1024 --ratio 8 --method am --out "$W/q.safetensors"
+step "bench compress, bf16" python3 -m vkv.cli bench compress --model "$W/tiny" --quant bf16 --device cuda --tokens 1024 \
+  --methods kvzip,am,vkv,kvopt --ratio 8 --json "$W/bench.json"
 step "eval vkv per turn" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv,am --per-turn
 step "eval vkv keep-verbatim" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv --keep-verbatim
 step "sweep" python3 -m vkv.cli sweep "$W/sweep.toml" --out "$W/sweep"

@@ -32,6 +32,7 @@ MIN_CHUNK = 64  # a read-out shorter than this spends more tokens on its request
 DEFAULT_CHUNK = 2048  # KVzip's chunk length
 SINKS = 4  # KVzip's attention sinks: the sequence's first entries, in every chunk's softmax
 NORMALISATIONS = ("context", "chunk")
+SCORE_ELEMENTS = 2**26  # read-out scores held at once (query heads × queries × entries): 256 MiB in float32
 
 
 def chunk_setting():
@@ -170,20 +171,27 @@ def chunk_scores(
     for layer, cache_layer in enumerate(context.cache.layers):
         keys, _, bias = cache_layer.materialize()
         built = cache_layer.slots + cache_layer.loaded  # where the fed rows start among the materialised ones
-        q = lm.rotate(queries[layer].to(lm.device).float(), positions)  # [H, c, D]
         k = keys[0].float().repeat_interleave(group, dim=0)  # [H, N, D]
-        scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5
-        scores += bias[0].to(scores.device).repeat_interleave(group, dim=0)[:, None]
-        column = torch.arange(k.shape[1], device=scores.device)
-        visible = column[None, :] <= (rows.to(scores.device) + built)[:, None]
+        entry_bias = bias[0].to(k.device).float().repeat_interleave(group, dim=0)[:, None]  # [H, 1, N]
+        column = torch.arange(k.shape[1], device=k.device)
+        kept = None
         if own is not None:
             lo, hi = built - span + own[0], built - span + own[1]
             kept = (column < min(SINKS, built - span + own[0])) | ((column >= lo) & (column < hi)) | (column >= built)
-            visible &= kept[None, :]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)[:, :, built - span : built]
+        best = torch.zeros(k.shape[0], span, device=k.device)
+        step = max(1, SCORE_ELEMENTS // (k.shape[0] * k.shape[1]))  # the queries whose scores are held at once
+        for first in range(0, queries.shape[2], step):
+            part = slice(first, first + step)
+            q = lm.rotate(queries[layer][:, part].to(lm.device).float(), positions[part])  # [H, c, D]
+            scores = q @ k.transpose(1, 2) * lm.spec.head_dim**-0.5 + entry_bias
+            visible = column[None, :] <= (rows[part].to(k.device) + built)[:, None]
+            if kept is not None:
+                visible &= kept[None, :]
+            probs = scores.masked_fill_(~visible, float("-inf")).softmax(-1)[:, :, built - span : built]
+            best = torch.maximum(best, probs.amax(1))
         if own is not None:
-            probs = probs * ((column[:span] >= own[0]) & (column[:span] < own[1]))
-        out.append(probs.amax(1).reshape(lm.spec.num_kv_heads, group, -1).amax(1))
+            best = best * ((column[:span] >= own[0]) & (column[:span] < own[1]))
+        out.append(best.reshape(lm.spec.num_kv_heads, group, -1).amax(1))
     return torch.stack(out).cpu()
 
 

@@ -71,6 +71,9 @@ def projection_hooks(
             h.remove()
 
 
+LOGIT_ROWS = 1024  # positions whose logits over the vocabulary are held at once
+
+
 def capture_span(
     lm: FrozenLM, ids: torch.Tensor | list[int], start: int, end: int, keep_cache: bool = False, queries: bool = False
 ):
@@ -83,12 +86,13 @@ def capture_span(
     if not 0 <= start < end <= ids_t.numel():
         raise VkvError(f"span [{start}, {end}) is empty or outside the {ids_t.numel()} tokens given")
     input_ids = ids_t[:end].unsqueeze(0).to(lm.device)
-    keep_logits = end - start + (1 if start > 0 else 0)
-    lm.check_prefill(end, keep_logits, f"a forward pass over {end} tokens")
+    first = max(start - 1, 0)  # the position whose logits predict the span's first token
+    lm.check_prefill(end, min(end - first, LOGIT_ROWS), f"a forward pass over {end} tokens")
     cache = lm.new_cache() if keep_cache else None
     with torch.no_grad(), projection_hooks(lm, start, end, queries) as store:
-        out = lm.model(input_ids=input_ids, **lm.with_cache(cache), use_cache=keep_cache, logits_to_keep=keep_logits)
-    surprisal = _surprisal(out.logits[0], input_ids[0], start, end)
+        decoder = lm.model.get_decoder()
+        hidden = decoder(input_ids=input_ids, **lm.with_cache(cache), use_cache=keep_cache).last_hidden_state
+        surprisal = _surprisal(lm.model.get_output_embeddings(), hidden[0, first:end], input_ids[0], start, end)
     acts = Activations(
         values=torch.stack(store["values"]),
         keys_pre_rope=torch.stack(store["keys_pre_rope"]),
@@ -100,11 +104,16 @@ def capture_span(
     return acts, cache
 
 
-def _surprisal(logits: torch.Tensor, ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
-    """-log p(ids[t] | ids[:t]) for t in [start, end), from logits of positions max(start-1,0)..end-1."""
+def _surprisal(head: torch.nn.Module, hidden: torch.Tensor, ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """-log p(ids[t] | ids[:t]) for t in [start, end), from the last hidden states `hidden` of positions
+    max(start-1,0)..end-1 through the output `head`, LOGIT_ROWS positions at a time: a long span's logits over the
+    whole vocabulary are never held at once."""
     targets = ids[max(start, 1) : end]
-    logp = torch.log_softmax(logits[:-1].float(), dim=-1)  # the last position predicts beyond the span
-    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    nll = []
+    for lo in range(0, len(targets), LOGIT_ROWS):
+        logp = torch.log_softmax(head(hidden[lo : lo + LOGIT_ROWS]).float(), dim=-1)
+        nll.append(-logp.gather(-1, targets[lo : lo + LOGIT_ROWS, None])[:, 0])
+    nll = torch.cat(nll) if nll else hidden.new_zeros(0, dtype=torch.float32)
     if start == 0:
         nll = torch.cat([torch.full((1,), float("nan"), device=nll.device), nll])
     return nll.cpu()
