@@ -86,7 +86,9 @@ def test_each_head_keeps_ams_fitted_entries_and_virtual_tokens_fill_its_budget(e
     )
     budget = work.budget(3.0)
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
-    compaction, _ = AttentionMatching().compaction(work, HeadSplit.of(budget, 0.5).verbatim)
+    # am's share is spread by the recipe's head budget, the rule its virtual share follows: each head the same count
+    compaction, _ = AttentionMatching(head_budget="uniform").compaction(work, HeadSplit.of(budget, 0.5).verbatim)
+    assert bool((compaction.real.sum(-1) == HeadSplit.of(budget, 0.5).verbatim).all())
     keys, _ = work.span_kv()
     layers, heads = keys.shape[:2]
     assert segment.real_entries == pytest.approx(budget)  # am's share and the virtual tokens together meet it
@@ -131,7 +133,8 @@ def test_per_turn_each_turn_keeps_ams_fit_on_the_running_cache(evaluation):
     view = view_on_cache(lm, running, rendered.ids, turn)
     work = TurnWork.fed(lm, rendered.ids, starts, None, 0, running, turn, view)
     budget = span_budget(turn.length, 3.0)
-    compaction, _ = AttentionMatching().compaction(work, HeadSplit.of(budget, 0.5).verbatim)
+    fit = AttentionMatching(head_budget=AM_SOURCE.head_budget)
+    compaction, _ = fit.compaction(work, HeadSplit.of(budget, 0.5).verbatim)
     (segment,) = [s for s in spliced.segments if s.kind != "verbatim"]
     keys, _ = work.span_kv()
     assert assert_holds_fit(segment, compaction, keys) > 0

@@ -203,11 +203,13 @@ def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor,
 
 def fitted_verbatim(work: SpanWork, config: CompressConfig, budget: int) -> Verbatim | None:
     """A per-head hybrid's verbatim part fitted by another method on the work's span or turn (`verbatim_source`): am's
-    compaction at the verbatim share of `budget`; None where each head keeps the span's own entries (kvzip)."""
+    compaction at the verbatim share of `budget`, its entries spread over the heads by the recipe's own head budget
+    (the rule the virtual share follows too); None where each head keeps the span's own entries (kvzip)."""
     config = config.validate()
     if config.verbatim_source != "am":
         return None
-    compaction, _ = AttentionMatchingFit().compaction(work, HeadSplit.of(budget, config.verbatim_share).verbatim)
+    fit = AttentionMatchingFit(head_budget=config.head_budget)
+    compaction, _ = fit.compaction(work, HeadSplit.of(budget, config.verbatim_share).verbatim)
     return Verbatim.fitted(*work.span_kv(), compaction)
 
 
