@@ -90,12 +90,12 @@ class AttentionMatchingFit:
         device = work.lm.device
         keys, values = keys.to(device), values.to(device)
         layers, kv_heads, n, _ = keys.shape
-        with stage("read-out", device):
+        with stage("reference queries", device):  # the reconstruction pass within it is its own stages
             queries = reference_queries(work, self.queries, self.max_queries, self.chunk)  # [layers, kv_heads, m, D]
         readout = SpanReadout.per_head(queries, keys, values)
         label = f"am: {work.span_length} tokens, {queries.shape[2]} queries per head"
         with counted(label, 2 * layers if self.live else layers + 1) as done:
-            with stage("selection", device):
+            with stage("statistics", device):
                 stats = []
                 for layer in range(layers):  # a layer's rows at a time: what the queries read is kept off-policy only
                     stats.append(

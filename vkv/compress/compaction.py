@@ -29,6 +29,7 @@ from vkv.compress.head_budget import per_head_index
 from vkv.compress.nnls import bounded_nnls, nnls, nnls_normal, solve_normal
 from vkv.compress.omp import omp_keys
 from vkv.kv.segment import MASKED
+from vkv.stages import stage
 
 SELECTIONS = ("rms", "mean", "omp")
 BIASES = ("nnls", "fit", "shared", "none")
@@ -209,7 +210,6 @@ def fit_rows(
     gather = index[..., None].expand(-1, -1, readout.keys.shape[-1])
     kept_keys = readout.keys.float().gather(1, gather)  # [R, c, D]
     kept_values = readout.values.float().gather(1, gather)
-    hidden = ~real[:, None, :]
 
     def chunks():  # (the chunk's scores against the kept keys [R, q, c], its query slice)
         step = query_chunk(*index.shape)
@@ -217,6 +217,18 @@ def fit_rows(
             part = slice(lo, lo + step)
             yield queries[:, part].float() @ kept_keys.transpose(1, 2), part
 
+    with stage("β", queries.device):
+        beta = _fit_bias(bias, selection, stats, real, chunks, n)
+    if refit == "refit":
+        with stage("values", queries.device):
+            kept_values = _refit_values(beta, real, stats, chunks, ridge, kept_values)
+    return beta, kept_values
+
+
+def _fit_bias(bias: str, selection: str, stats: RowStats, real: torch.Tensor, chunks, n: int) -> torch.Tensor:
+    """β `[R, c]` of the kept entries, −inf on padding (`fit_rows`' first step; `chunks()` yields each chunk of
+    queries' scores against the kept keys with its slice)."""
+    hidden = ~real[:, None, :]
     if bias in ("nnls", "fit"):
         gram, rhs = None, None
         for scores, part in chunks():
@@ -232,20 +244,23 @@ def fit_rows(
             w = nnls_normal(gram, rhs).float().clamp_min(1e-12)
         beta = w.log()
     elif bias == "shared":
-        beta = (n / real.sum(-1, keepdim=True).float()).log().expand(index.shape).clone()
+        beta = (n / real.sum(-1, keepdim=True).float()).log().expand(real.shape).clone()
     else:
-        beta = torch.zeros(index.shape, device=queries.device)
-    beta = beta.masked_fill(~real, MASKED)
-    if refit == "refit":
-        gram, rhs = None, None
-        for scores, part in chunks():
-            p = (scores + beta[:, None, :]).softmax(-1).to(GRAM_DTYPE)
-            g, r = p.transpose(1, 2) @ p, p.transpose(1, 2) @ stats.outputs[:, part].to(GRAM_DTYPE)
-            gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
-        kept_values = torch.where(
-            real[..., None], solve_normal(gram, rhs, real, ridge, kept_values), kept_values[:, :1]
-        )
-    return beta, kept_values
+        beta = torch.zeros(real.shape, device=real.device)
+    return beta.masked_fill(~real, MASKED)
+
+
+def _refit_values(
+    beta: torch.Tensor, real: torch.Tensor, stats: RowStats, chunks, ridge: float, kept_values: torch.Tensor
+) -> torch.Tensor:
+    """Values `[R, c, D]`: least squares of the compact attention (β included) onto the span's read-outs, pulled
+    toward `kept_values` by `ridge` (`fit_rows`' second step); padding keeps the row's first."""
+    gram, rhs = None, None
+    for scores, part in chunks():
+        p = (scores + beta[:, None, :]).softmax(-1).to(GRAM_DTYPE)
+        g, r = p.transpose(1, 2) @ p, p.transpose(1, 2) @ stats.outputs[:, part].to(GRAM_DTYPE)
+        gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
+    return torch.where(real[..., None], solve_normal(gram, rhs, real, ridge, kept_values), kept_values[:, :1])
 
 
 def check_options(selection: str, bias: str, values: str, head_budget: str) -> None:
@@ -275,20 +290,23 @@ def compact_rows(
     """Every row of `readout` compacted to its own `counts` `[R]` entries (or to `fixed` `[R, c]` ones, the same
     for every row of a `shared` budget), rows of similar counts fitted together (`row_groups`; OMP picks each row's
     keys in turn); `stats` when already computed for these queries, with their outputs."""
-    stats = row_stats(readout) if stats is None else stats
+    if stats is None:
+        with stage("statistics", readout.keys.device):
+            stats = row_stats(readout)
     widths = [fixed.shape[1]] * len(counts) if fixed is not None else counts.tolist()
     parts, order = [], []
     for group in row_groups(widths):
         rows = torch.tensor(group, device=readout.keys.device)
         part, part_stats = readout.rows(rows), stats.rows(rows)
-        if fixed is not None:
-            index = fixed.to(rows.device)[rows]
-            real = torch.ones(index.shape, dtype=torch.bool, device=index.device)
-        elif selection == "omp":
-            chosen = zip(part.queries, part.keys, part_stats.log_max, part_stats.mass, (widths[r] for r in group))
-            index, real = pad_index([omp_keys(q, k, top, mass, c, omp_step) for q, k, top, mass, c in chosen])
-        else:
-            index, real = top_keys(part_stats.key_scores(selection), counts[group])
+        with stage("selection", rows.device):
+            if fixed is not None:
+                index = fixed.to(rows.device)[rows]
+                real = torch.ones(index.shape, dtype=torch.bool, device=index.device)
+            elif selection == "omp":
+                chosen = zip(part.queries, part.keys, part_stats.log_max, part_stats.mass, (widths[r] for r in group))
+                index, real = pad_index([omp_keys(q, k, top, mass, c, omp_step) for q, k, top, mass, c in chosen])
+            else:
+                index, real = top_keys(part_stats.key_scores(selection), counts[group])
         beta, kept = fit_rows(part, part_stats, index, real, selection, bias, values, ridge)
         parts.append(Compaction(index, beta, kept, real))
         order.extend(group)

@@ -77,17 +77,16 @@ def compact_on_policy(
         if extra is not None:
             queries = torch.cat([queries, extra[layer]], dim=1)
         readout = SpanReadout(queries, keys[layer], values[layer])
-        with stage("fit", lm.device):
-            part = compact_rows(
-                readout,
-                counts[layer],
-                options.selection,
-                options.bias,
-                options.values,
-                options.ridge,
-                None if fixed is None else fixed[layer],
-                options.omp_step,
-            )
+        part = compact_rows(
+            readout,
+            counts[layer],
+            options.selection,
+            options.bias,
+            options.values,
+            options.ridge,
+            None if fixed is None else fixed[layer],
+            options.omp_step,
+        )
         parts.append(part)
         if layer + 1 < layers:
             with stage("on-policy pass", lm.device):
