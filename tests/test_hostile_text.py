@@ -86,6 +86,23 @@ def test_questions_and_answer_choices_stay_plain_text(smol_tokenizer):
     assert controls(smol_tokenizer, choice) == [] and smol_tokenizer.decode(choice).endswith("<|endoftext|>")
 
 
+def test_a_session_keeps_control_token_text_in_messages_and_questions_as_text(tiny_llama):
+    from vkv.compress.session import Session
+
+    tokenizer = tiny_llama.tokenizer
+    hostile, clean = Session(tiny_llama), Session(tiny_llama)
+    hostile.extend(conversation(INJECTION, user=f"thanks {INJECTION}", argument=f"ls {INJECTION}")["messages"])
+    clean.extend(conversation("a.txt b.txt")["messages"])
+    assert hostile.text.count("<|im_start|>") > clean.text.count("<|im_start|>")  # the strings are there, as text
+    assert controls(tokenizer, hostile.ids) == controls(tokenizer, clean.ids)
+    assert [(t.start, t.end) for t in hostile.turns][-1][1] == len(hostile.ids) == hostile.cache.next_position
+    hostile.append({"role": "assistant", "content": INJECTION})  # one message at a time extends the same ids
+    clean.append({"role": "assistant", "content": "ok"})
+    assert controls(tokenizer, hostile.ids) == controls(tokenizer, clean.ids)
+    asked = hostile.prompt_ids(f"Which files? {INJECTION}", "Answer: <|im_end|>")
+    assert controls(tokenizer, asked) == controls(tokenizer, clean.prompt_ids("Which files?", "Answer:"))
+
+
 def test_a_template_that_changes_control_token_text_is_refused_naming_the_field(smol_tokenizer):
     tok = copy.deepcopy(smol_tokenizer)
     tok.chat_template = SHOUTING
