@@ -153,6 +153,31 @@ def test_a_transcript_holding_what_no_tokenizer_or_json_writer_takes_is_refused_
         load_transcript(path)
 
 
+@pytest.mark.parametrize(
+    ("field", "where"),
+    [
+        ("id", lambda t: t),
+        ("questions[0].id", lambda t: t["questions"][0]),
+        ("messages[3].name", lambda t: t["messages"][3]),
+        ("messages[2].tool_calls[0].name", lambda t: t["messages"][2]["tool_calls"][0]),
+    ],
+)
+@pytest.mark.parametrize("char", ["\x1b", "\x9b", "\u202e", "\n"])  # ESC, C1 CSI, right-to-left override, newline
+def test_ids_and_names_holding_terminal_control_characters_are_refused_at_load(tmp_path, capsys, field, where, char):
+    from vkv.cli import main
+
+    data = {**conversation("a.txt"), "questions": [{"id": "q1", "question": "Which files?", "accept": ["a.txt"]}]}
+    target = where(data)
+    key = field.rsplit(".", 1)[-1]
+    target[key] = f"x{char}[2J{char}]0;pwned\x07y"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["validate", str(path)]) == 1  # a problem found in the file, printed and counted
+    printed = "".join(capsys.readouterr())
+    assert f"field {field}: holds the control character U+{ord(char):04X} at character 1" in " ".join(printed.split())
+    assert "pwned" not in printed  # the refusal names the character, never echoes the value
+
+
 # ---- bounded work ----------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.io import check_plain, parse_json, read_input
+from vkv.io import check_plain, check_printable, parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
@@ -92,7 +92,7 @@ def parse_transcript(data: Any, source: str = "<transcript>", sha256: str = "") 
     if not isinstance(data, dict):
         where.fail("", "top level must be a JSON object")
     check_plain(data, source, "transcript")  # text a tokenizer can encode, numbers JSON can write
-    tid = _string(data, "id", where, "")
+    tid = _string(data, "id", where, "", printed=True)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         where.fail("messages", "must be a non-empty list")
@@ -123,7 +123,16 @@ class _Where:
         raise VkvError(f"{self.source}:{at}: {problem}")
 
 
-def _string(obj: dict, key: str, where: _Where, prefix: str, required: bool = True, empty_ok: bool = False) -> str:
+def _string(
+    obj: dict,
+    key: str,
+    where: _Where,
+    prefix: str,
+    required: bool = True,
+    empty_ok: bool = False,
+    printed: bool = False,
+) -> str:
+    """The string at obj[key]; `printed` for an id or name that tables and messages show (printable text only)."""
     path = f"{prefix}.{key}" if prefix else key
     if key not in obj:
         if required:
@@ -134,6 +143,8 @@ def _string(obj: dict, key: str, where: _Where, prefix: str, required: bool = Tr
         where.fail(path, f"must be a string, got {type(value).__name__}")
     if not empty_ok and not value.strip():
         where.fail(path, "is empty")
+    if printed:
+        check_printable(value, where.source, path)
     return value
 
 
@@ -169,13 +180,15 @@ def _message(m: Any, where: _Where, prefix: str) -> Message:
     name = m.get("name")
     if name is not None and not isinstance(name, str):
         where.fail(f"{prefix}.name", "must be a string")
+    if name is not None:
+        check_printable(name, where.source, f"{prefix}.name")
     return Message(role, content, tool_calls, name)
 
 
 def _tool_call(c: Any, where: _Where, prefix: str) -> ToolCall:
     if not isinstance(c, dict):
         where.fail(prefix, "must be an object")
-    name = _string(c, "name", where, prefix)
+    name = _string(c, "name", where, prefix, printed=True)
     args = c.get("arguments", {})
     if not isinstance(args, dict):
         where.fail(f"{prefix}.arguments", "must be an object")
@@ -185,7 +198,7 @@ def _tool_call(c: Any, where: _Where, prefix: str) -> ToolCall:
 def _question(q: Any, where: _Where, prefix: str, n_messages: int) -> Question:
     if not isinstance(q, dict):
         where.fail(prefix, "must be an object")
-    qid = _string(q, "id", where, prefix)
+    qid = _string(q, "id", where, prefix, printed=True)
     text = _string(q, "question", where, prefix)
     accept = _string_list(q, "accept", where, prefix, required=True)
     reject = _string_list(q, "reject", where, prefix)
