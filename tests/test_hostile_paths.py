@@ -306,3 +306,16 @@ def test_plan_with_a_huge_window_answers(capsys):
     start = time.perf_counter()
     worst = worst_span(load_config("smollm2-135m"), window=10**12, quant="fp32", device="cpu")
     assert time.perf_counter() - start < 30 and 0 < worst.span <= 10**12
+
+
+@pytest.mark.parametrize(("model", "positions"), [("smollm2-135m", 8192), ("meta-llama/Llama-3.1-8B-Instruct", 131072)])
+def test_vkv_plan_refuses_a_window_beyond_the_models_positions(tmp_path, capsys, model, positions):
+    from vkv.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", model, "--quant", "fp32", "--device", "cpu", "--json", str(out)]
+    assert main([*argv, "--window", str(10**12)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--window {10**12}: beyond the {positions} positions of {model}" in err and not out.exists()
+    assert main([*argv, "--window", str(positions), "--span", "4096"]) in (0, 1)  # the longest window still plans
+    assert out.exists()
