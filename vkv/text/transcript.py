@@ -10,6 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,24 @@ class Transcript:
         """Turns compressed by default: every message after the leading system message."""
         first = 1 if self.messages and self.messages[0].role == "system" else 0
         return first, len(self.messages)
+
+
+# How a refusal of a text beyond the model's positions ends: what the running command lets its user do about it. Only
+# the command knows whether it has a --window flag and whether one was given, so the command line sets this for each
+# command (`too_long_remedy`); library calls get a sentence that names no flag.
+TOO_LONG_REMEDY: ContextVar[str] = ContextVar(
+    "too_long_remedy", default="pass fewer messages (vkv.text.windows cuts a transcript into windows that fit)"
+)
+
+
+@contextmanager
+def too_long_remedy(remedy: str) -> Iterator[None]:
+    """Within this block, refusals of texts beyond the model's positions end with `remedy`."""
+    token = TOO_LONG_REMEDY.set(remedy)
+    try:
+        yield
+    finally:
+        TOO_LONG_REMEDY.reset(token)
 
 
 # ---- loading and validation -------------------------------------------------------------------
@@ -331,7 +352,7 @@ def render(
     tokenizer,
     chat_format: ChatFormat | None = None,
     max_tokens: int | None = None,
-    remedy: str = "use a window of it (--window)",
+    remedy: str | None = None,
 ) -> Rendered:
     """Render every message with the chat template; spans tile the ids and prefixes are token prefixes.
 
@@ -343,13 +364,14 @@ def render(
     and tokenises every prefix (quadratic) and refuses in the same words as before. With `max_tokens` (the model's
     positions), a rendering longer than that is refused after one tokenisation, before any per-message work, and one
     whose characters could not fit even at the longest token is refused before tokenising; `remedy` ends that refusal
-    with what the calling command offers.
+    with what the caller offers (default: the running command's, `TOO_LONG_REMEDY`).
 
     Message text is text: control-token strings (e.g. `<|im_end|>`) inside a message's content, name or tool calls
     become ordinary tokens, so the ids hold only the control tokens the chat template itself wrote (see `encode`)."""
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages]
     where = transcript.path or transcript.id
+    remedy = remedy or TOO_LONG_REMEDY.get()
     try:
         text = fmt.render_text(chats)
     except Exception:  # the exact path names the first message the template refuses
