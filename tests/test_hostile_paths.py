@@ -306,3 +306,57 @@ def test_plan_with_a_huge_window_answers(capsys):
     start = time.perf_counter()
     worst = worst_span(load_config("smollm2-135m"), window=10**12, quant="fp32", device="cpu")
     assert time.perf_counter() - start < 30 and 0 < worst.span <= 10**12
+
+
+@pytest.mark.parametrize(("model", "positions"), [("smollm2-135m", 8192), ("meta-llama/Llama-3.1-8B-Instruct", 131072)])
+def test_vkv_plan_refuses_a_window_beyond_the_models_positions(tmp_path, capsys, model, positions):
+    from vkv.cli import main
+
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", model, "--quant", "fp32", "--device", "cpu", "--json", str(out)]
+    assert main([*argv, "--window", str(10**12)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"--window {10**12}: beyond the {positions} positions of {model}" in err and not out.exists()
+    assert main([*argv, "--window", str(positions), "--span", "4096"]) in (0, 1)  # the longest window still plans
+    assert out.exists()
+
+
+@pytest.fixture
+def positions(monkeypatch):
+    """Set how many positions every model loaded here has (the test model's 8192 need long inputs to exceed)."""
+    from vkv.lm.frozen import FrozenLM
+
+    def set_to(n: int) -> None:
+        monkeypatch.setattr(FrozenLM, "max_positions", property(lambda self: n))
+
+    return set_to
+
+
+@pytest.mark.parametrize(
+    ("flags", "hint"),
+    [([], "; use a window of it (--window)"), (["--window", "300"], "; the window itself is too long for this model")],
+)
+def test_a_text_beyond_the_models_positions_names_window_only_where_it_helps(positions, capsys, flags, hint):
+    from vkv.cli import main
+
+    positions(64)
+    argv = ["eval", str(FIXTURES / "mini-agent.json"), "--model", "smollm2-135m", "--quant", "fp32"]
+    assert main([*argv, "--method", "truncate", *flags]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "64 positions" in err and hint in err
+    assert ("give a --window below 300" in err) == bool(flags)
+
+
+def test_ask_beyond_the_models_positions_names_what_ask_offers_not_window(positions, tmp_path, capsys):
+    from vkv.cli import main
+    from vkv.kv.file import trusted_header
+
+    cache = tmp_path / "kv.safetensors"
+    model = ["--model", "smollm2-135m", "--quant", "fp32"]
+    assert (
+        main(["compress", str(FIXTURES / "mini-agent.json"), *model, "--method", "truncate", "--out", str(cache)]) == 0
+    )
+    positions(trusted_header(cache, False)["next_position"] + 2)  # the cache fits, a question after it does not
+    assert main(["ask", str(cache), "--question", "Which CI job failed?", "--max-new-tokens", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "positions of" in err and "ask a shorter question" in err and "--window" not in err

@@ -86,6 +86,23 @@ def test_questions_and_answer_choices_stay_plain_text(smol_tokenizer):
     assert controls(smol_tokenizer, choice) == [] and smol_tokenizer.decode(choice).endswith("<|endoftext|>")
 
 
+def test_a_session_keeps_control_token_text_in_messages_and_questions_as_text(tiny_llama):
+    from vkv.compress.session import Session
+
+    tokenizer = tiny_llama.tokenizer
+    hostile, clean = Session(tiny_llama), Session(tiny_llama)
+    hostile.extend(conversation(INJECTION, user=f"thanks {INJECTION}", argument=f"ls {INJECTION}")["messages"])
+    clean.extend(conversation("a.txt b.txt")["messages"])
+    assert hostile.text.count("<|im_start|>") > clean.text.count("<|im_start|>")  # the strings are there, as text
+    assert controls(tokenizer, hostile.ids) == controls(tokenizer, clean.ids)
+    assert [(t.start, t.end) for t in hostile.turns][-1][1] == len(hostile.ids) == hostile.cache.next_position
+    hostile.append({"role": "assistant", "content": INJECTION})  # one message at a time extends the same ids
+    clean.append({"role": "assistant", "content": "ok"})
+    assert controls(tokenizer, hostile.ids) == controls(tokenizer, clean.ids)
+    asked = hostile.prompt_ids(f"Which files? {INJECTION}", "Answer: <|im_end|>")
+    assert controls(tokenizer, asked) == controls(tokenizer, clean.prompt_ids("Which files?", "Answer:"))
+
+
 def test_a_template_that_changes_control_token_text_is_refused_naming_the_field(smol_tokenizer):
     tok = copy.deepcopy(smol_tokenizer)
     tok.chat_template = SHOUTING
@@ -134,6 +151,31 @@ def test_a_transcript_holding_what_no_tokenizer_or_json_writer_takes_is_refused_
     path.write_text('{"id": "t", "messages": [{"role": "assistant", ' + body + "}]}")
     with pytest.raises(VkvError, match=re.escape(f"{path}: field {field}") + ".*" + problem):
         load_transcript(path)
+
+
+@pytest.mark.parametrize(
+    ("field", "where"),
+    [
+        ("id", lambda t: t),
+        ("questions[0].id", lambda t: t["questions"][0]),
+        ("messages[3].name", lambda t: t["messages"][3]),
+        ("messages[2].tool_calls[0].name", lambda t: t["messages"][2]["tool_calls"][0]),
+    ],
+)
+@pytest.mark.parametrize("char", ["\x1b", "\x9b", "\u202e", "\n"])  # ESC, C1 CSI, right-to-left override, newline
+def test_ids_and_names_holding_terminal_control_characters_are_refused_at_load(tmp_path, capsys, field, where, char):
+    from vkv.cli import main
+
+    data = {**conversation("a.txt"), "questions": [{"id": "q1", "question": "Which files?", "accept": ["a.txt"]}]}
+    target = where(data)
+    key = field.rsplit(".", 1)[-1]
+    target[key] = f"x{char}[2J{char}]0;pwned\x07y"
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(data))
+    assert main(["validate", str(path)]) == 1  # a problem found in the file, printed and counted
+    printed = "".join(capsys.readouterr())
+    assert f"field {field}: holds the control character U+{ord(char):04X} at character 1" in " ".join(printed.split())
+    assert "pwned" not in printed  # the refusal names the character, never echoes the value
 
 
 # ---- bounded work ----------------------------------------------------------------------------------

@@ -104,6 +104,19 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
     assert "| vkv pooling=surprisal | 2.0 | 1.000 / 1.00 |" in md and "| method | ratio | t |" in md
 
 
+def test_report_names_the_results_lines_it_skips_on_stderr_and_in_the_markdown(sweep_dir, capsys):
+    rank0 = sweep_dir / "results.rank0.jsonl"
+    rank0.write_text(rank0.read_text() + 'not json\n{"run_id": "z"}\n[1, 2]\n')  # lines 5-7 of four good ones
+    assert run_report(sweep_dir) == 0
+    err = capsys.readouterr().err
+    md = (sweep_dir / "report" / "report.md").read_text()
+    said = f"{rank0}: skipped 3 lines holding no run: line 5 (not a JSON object), line 6 (no result object), line 7"
+    cut = f"{sweep_dir / 'results.rank1.jsonl'}: skipped 1 line holding no run: line 5 (cut short"
+    for text in (err, md):
+        assert said in text and cut in text
+    assert "7 finished runs" in md
+
+
 def test_report_on_an_empty_directory_says_what_to_do(tmp_path):
     with pytest.raises(VkvError, match="run `vkv sweep"):
         load(tmp_path)

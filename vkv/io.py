@@ -10,6 +10,7 @@ import math
 import os
 import stat
 import tempfile
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -154,6 +155,21 @@ def _check_unicode(text: str, where: str, path: str) -> None:
             f"{where}: field {path}: holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
             "which is not Unicode text"
         ) from None
+
+
+# Characters that move a terminal's cursor, run its escape sequences (ESC) or reorder the text around them (bidi
+# controls): refused in the ids and names vkv prints in tables and messages, where they would act instead of show.
+_UNPRINTABLE = ("Cc", "Cf", "Zl", "Zp")
+
+
+def check_printable(text: str, where: str, field_path: str) -> None:
+    """Refuse an id or name from a user's file that holds a control or formatting character, naming the field."""
+    for at, char in enumerate(text):
+        if unicodedata.category(char) in _UNPRINTABLE:
+            raise VkvError(
+                f"{where}: field {field_path}: holds the control character U+{ord(char):04X} at character {at}; ids "
+                "and names are printed on terminals, so they take printable text only"
+            )
 
 
 TEMP_EXTRA = (

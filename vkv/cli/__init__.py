@@ -24,6 +24,7 @@ from vkv.cli.consoles import errors
 from vkv.errors import VkvError
 from vkv.home import check_home
 from vkv.io import check_output, forcing
+from vkv.text.transcript import too_long_remedy
 from vkv.upgrade import old_flag
 
 COMMAND_MODULES = (
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
             resolve_model_path(args.model)
         check_outputs(args)
-        with forcing(bool(getattr(args, "force", False))):
+        with forcing(bool(getattr(args, "force", False))), too_long_remedy(too_long_hint(args)):
             return args.run(args) or 0
     except KeyboardInterrupt:
         errors.print("[yellow]interrupted[/]")
@@ -94,6 +95,24 @@ def main(argv: list[str] | None = None) -> int:
             f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True
         )  # one line, unwrapped  # a path or [[grid]] is not markup
         return 2
+
+
+TOO_LONG_HINTS = {  # commands without --window: what shortens the text they give the model
+    "ask": "ask a shorter question, or ask a cache of fewer messages",
+    "chat": "start the chat from fewer messages",
+    "sweep": "give the experiment a smaller window (its window setting)",
+}
+
+
+def too_long_hint(args: argparse.Namespace) -> str:
+    """How a refusal of a text beyond the model's positions ends for this command: --window where the command has
+    the flag and it was not given, a smaller --window where it was (the window itself is too long), else what the
+    command does offer."""
+    if not hasattr(args, "window"):
+        return TOO_LONG_HINTS.get(args.command, "pass a shorter conversation")
+    if args.window is None:
+        return "use a window of it (--window)"
+    return f"the window itself is too long for this model: give a --window below {args.window}"
 
 
 INPUTS = {  # arguments naming files the command reads, and what a sentence calls them

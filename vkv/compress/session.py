@@ -40,7 +40,17 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
-from vkv.text.transcript import ChatFormat, Message, MessageSpan, Rendered, Transcript, followup, parse_transcript
+from vkv.text.transcript import (
+    ChatFormat,
+    Message,
+    MessageSpan,
+    Rendered,
+    Transcript,
+    encode,
+    followup,
+    parse_transcript,
+    plain_ranges,
+)
 
 
 class Session:
@@ -80,11 +90,14 @@ class Session:
         for message in messages:
             index = len(history)
             history.append(message)
+            chats = [self.format.to_chat(m) for m in history]
             try:
-                text = self.format.render_text([self.format.to_chat(m) for m in history])
+                text = self.format.render_text(chats)
             except Exception as exc:  # jinja raises template-specific errors (e.g. role alternation)
                 raise VkvError(f"message {index}: the chat template refused it ({exc})") from exc
-            new_ids = self.lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+            # a message's control-token text stays text, as in `render`: it cannot open a turn of its own
+            where = f"message {index}"
+            new_ids = encode(self.lm.tokenizer, text, plain_ranges(self.format, chats, text, where), where)
             if new_ids[: len(ids)] != ids or len(new_ids) == len(ids):
                 raise VkvError(
                     f"message {index}: the chat template re-renders earlier messages once it is added "

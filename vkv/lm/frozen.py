@@ -28,6 +28,7 @@ from vkv.lm.kernel import (
 )
 from vkv.lm.ragged_attention import use_ragged_attention
 from vkv.lm.spec import fingerprint, prefill_bytes, spec_from_config
+from vkv.text.transcript import TOO_LONG_REMEDY
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
 
@@ -96,12 +97,13 @@ class FrozenLM:
         """How many positions the model was trained on (None when its config does not say)."""
         return getattr(self.model.config, "max_position_embeddings", None)
 
-    def check_positions(self, end: int, what: str, remedy: str = "use a window of it (--window)") -> None:
+    def check_positions(self, end: int, what: str, remedy: str | None = None) -> None:
         """Refuse, before any prefill, work that would place a token at position `end` − 1 or later beyond the
-        model's positions."""
+        model's positions; `remedy` ends the refusal (default: the running command's, `TOO_LONG_REMEDY`)."""
         if self.max_positions and end > self.max_positions:
             raise VkvError(
-                f"{what}: reaches position {end}, beyond the {self.max_positions} positions of {self.name}; {remedy}"
+                f"{what}: reaches position {end}, beyond the {self.max_positions} positions of {self.name}; "
+                f"{remedy or TOO_LONG_REMEDY.get()}"
             )
 
     def check_prefill(self, tokens: int, logit_rows: int, what: str) -> None:
@@ -114,7 +116,7 @@ class FrozenLM:
         if free is not None and need > free:
             raise VkvError(
                 f"{what}: feeding {tokens} tokens at once needs about {need / 2**30:.1f} GiB, more than the "
-                f"{free / 2**30:.1f} GiB free on {self.device}; use a window of it (--window) or a smaller model"
+                f"{free / 2**30:.1f} GiB free on {self.device}; {TOO_LONG_REMEDY.get()}, or use a smaller model"
             )
 
     def ragged_cache(self, spliced: SplicedCache, padded: bool = False) -> RaggedCache:

@@ -8,6 +8,7 @@ tables, the PNGs and report.md each have their own module.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from vkv.sweep.paired import paired
 from vkv.sweep.pooled_rows import rows
 from vkv.sweep.report_markdown import markdown
 from vkv.sweep.report_plots import PLOTS, plots
+from vkv.sweep.results import skipped_sentences
 from vkv.sweep.variants import load
 
 REPORT_FILE = "report.md"
@@ -48,6 +50,8 @@ def run_report(directory: str | Path, config: ReportConfig | None = None, force:
     if not console.is_terminal:  # piped or captured: wide enough for the tables
         console = Console(width=200)
     results = load(directory)
+    for sentence in skipped_sentences(results.skipped):  # on stderr as well as in report.md: never dropped unsaid
+        print(f"warning: {sentence}", file=sys.stderr)
     out = Path(config.out) if config.out else results.directory / "report"
     check_report_outputs(out, force)
     table_rows = rows(results)

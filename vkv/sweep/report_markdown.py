@@ -6,6 +6,7 @@ from __future__ import annotations
 from vkv.io import REPORT_TITLE
 from vkv.sweep.breakdowns import breakdown, per_question, per_transcript
 from vkv.sweep.report_plots import PLOTS
+from vkv.sweep.results import skipped_sentences
 from vkv.sweep.table_cells import (
     COLUMNS,
     PAIRED_COLUMNS,
@@ -66,7 +67,7 @@ def _markdown_header(results: SweepResults) -> list[str]:
         f"- evaluated windows: {len(units)} ({', '.join(units)})",
         f"- code revisions: {', '.join(revisions)}",
         f"- failed runs: {len(results.errors)}",
-    ]
+    ] + [f"- {sentence}" for sentence in skipped_sentences(results.skipped)]
 
 
 def _markdown_results(table_rows: list[dict]) -> list[str]:

@@ -11,6 +11,7 @@ import json
 import os
 import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from vkv.errors import VkvError
@@ -22,34 +23,75 @@ def results_name(i: int, n: int) -> str:
     return "results.jsonl" if n == 1 else f"results.rank{i}.jsonl"
 
 
-def read_results(out: str | os.PathLike, name_glob: str = "results*.jsonl", latest: bool = False) -> list[dict]:
+@dataclass(frozen=True)
+class Skipped:
+    """A line of a results file that holds no run: where it is and why it was left out."""
+
+    path: Path
+    line: int
+    why: str
+
+
+def read_results(
+    out: str | os.PathLike,
+    name_glob: str = "results*.jsonl",
+    latest: bool = False,
+    skipped: list[Skipped] | None = None,
+    required: str | None = None,
+) -> list[dict]:
     """Complete lines of every matching file in `out`, each run once: its first line (results are never
-    replaced), or with `latest` its last (errors: the most recent attempt)."""
+    replaced), or with `latest` its last (errors: the most recent attempt). Lines that are not JSON objects, that
+    hold no object under `required`, or that a write left cut short are left out and added to `skipped`; without
+    that list they are named on stderr."""
     seen: dict[str, dict] = {}
+    left_out: list[Skipped] = []
     for path in sorted(Path(out).glob(name_glob)):
-        for line in _complete_lines(path):
+        for line in _complete_lines(path, left_out, required):
             key = line.get("run_id") or line.get("unit") or f"{path}:{len(seen)}"
             if latest:
                 seen.pop(key, None)
                 seen[key] = line
             else:
                 seen.setdefault(key, line)
+    if skipped is not None:
+        skipped.extend(left_out)
+    else:
+        for sentence in skipped_sentences(left_out):
+            print(f"warning: {sentence}", file=sys.stderr)
     return list(seen.values())
 
 
-def _complete_lines(path: Path) -> list[dict]:
+def skipped_sentences(skipped: list[Skipped]) -> list[str]:
+    """One sentence per file naming the lines left out of it and why, e.g. `results.jsonl: skipped 2 lines holding
+    no run: line 3 (not a JSON object), line 9 (cut short by an unfinished write)`."""
+    by_file: dict[Path, list[Skipped]] = {}
+    for s in skipped:
+        by_file.setdefault(s.path, []).append(s)
+    return [
+        f"{path}: skipped {len(lines)} line{'s' if len(lines) > 1 else ''} holding no run: "
+        + ", ".join(f"line {s.line} ({s.why})" for s in lines)
+        for path, lines in by_file.items()
+    ]
+
+
+def _complete_lines(path: Path, skipped: list[Skipped], required: str | None) -> list[dict]:
     data = read_input(path, "results file")  # bounded: a FIFO or device named results*.jsonl is refused
     body = data[: data.rfind(b"\n") + 1]  # a trailing partial line (a write cut by a crash) is not a result
     lines = []
-    for number, raw in enumerate(body.splitlines(), 1):
+    raw_lines = body.splitlines()
+    for number, raw in enumerate(raw_lines, 1):
         try:
             line = parse_json(raw, f"{path}:{number}", "results line")
-        except (VkvError, UnicodeDecodeError):  # malformed, or nested deeper than any result: skipped like noise
+        except (VkvError, UnicodeDecodeError):  # malformed, or nested deeper than any result
             line = None
-        if isinstance(line, dict):
-            lines.append(line)
+        if not isinstance(line, dict):
+            skipped.append(Skipped(path, number, "not a JSON object"))
+        elif required and not isinstance(line.get(required), dict):
+            skipped.append(Skipped(path, number, f"no {required} object"))
         else:
-            print(f"warning: {path}: skipping line {number}, which is not a JSON object", file=sys.stderr)
+            lines.append(line)
+    if len(body) < len(data):
+        skipped.append(Skipped(path, len(raw_lines) + 1, "cut short by an unfinished write"))
     return lines
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from vkv.errors import VkvError
 from vkv.methods import spoken_name
-from vkv.sweep.results import read_results
+from vkv.sweep.results import Skipped, read_results, skipped_sentences
 
 REFERENCES = ("full", "none")
 
@@ -24,6 +24,7 @@ class SweepResults:
     errors: list[dict] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     breakdowns: dict[str, tuple] = field(default_factory=dict, repr=False)  # breakdown()'s by field, computed once
+    skipped: list[Skipped] = field(default_factory=list)  # lines of the results files that hold no run
 
 
 def load(directory: str | Path) -> SweepResults:
@@ -31,15 +32,20 @@ def load(directory: str | Path) -> SweepResults:
     files = sorted(p.name for p in d.glob("results*.jsonl")) if d.is_dir() else []
     if not files:
         raise VkvError(f"{d}: no results*.jsonl here; run `vkv sweep CONFIG --out {d}` first")
-    lines = [line for line in read_results(d) if isinstance(line.get("result"), dict)]
+    skipped: list[Skipped] = []
+    lines = read_results(d, skipped=skipped, required="result")
     for line in lines:
         _check_line(line, d)
     if not lines:
-        raise VkvError(f"{d}: the results files hold no finished runs yet")
+        raise VkvError(
+            f"{d}: the results files hold no finished runs yet" + "".join(f"; {s}" for s in skipped_sentences(skipped))
+        )
     _label(lines)
     finished = {line["run_id"] for line in lines}
-    errors = [e for e in read_results(d, "errors*.jsonl", latest=True) if e.get("run_id") not in finished]
-    return SweepResults(d, lines, errors, files)
+    errors = [
+        e for e in read_results(d, "errors*.jsonl", latest=True, skipped=skipped) if e.get("run_id") not in finished
+    ]
+    return SweepResults(d, lines, errors, files, skipped=skipped)
 
 
 def _check_line(line: dict, directory: Path) -> None:

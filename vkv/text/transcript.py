@@ -10,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.io import check_plain, parse_json, read_input
+from vkv.io import check_plain, check_printable, parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("dev", "test")  # transcripts/dev/ chooses levers, transcripts/test/ reports them
@@ -72,6 +75,24 @@ class Transcript:
         return first, len(self.messages)
 
 
+# How a refusal of a text beyond the model's positions ends: what the running command lets its user do about it. Only
+# the command knows whether it has a --window flag and whether one was given, so the command line sets this for each
+# command (`too_long_remedy`); library calls get a sentence that names no flag.
+TOO_LONG_REMEDY: ContextVar[str] = ContextVar(
+    "too_long_remedy", default="pass fewer messages (vkv.text.windows cuts a transcript into windows that fit)"
+)
+
+
+@contextmanager
+def too_long_remedy(remedy: str) -> Iterator[None]:
+    """Within this block, refusals of texts beyond the model's positions end with `remedy`."""
+    token = TOO_LONG_REMEDY.set(remedy)
+    try:
+        yield
+    finally:
+        TOO_LONG_REMEDY.reset(token)
+
+
 # ---- loading and validation -------------------------------------------------------------------
 
 
@@ -92,7 +113,7 @@ def parse_transcript(data: Any, source: str = "<transcript>", sha256: str = "") 
     if not isinstance(data, dict):
         where.fail("", "top level must be a JSON object")
     check_plain(data, source, "transcript")  # text a tokenizer can encode, numbers JSON can write
-    tid = _string(data, "id", where, "")
+    tid = _string(data, "id", where, "", printed=True)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         where.fail("messages", "must be a non-empty list")
@@ -123,7 +144,16 @@ class _Where:
         raise VkvError(f"{self.source}:{at}: {problem}")
 
 
-def _string(obj: dict, key: str, where: _Where, prefix: str, required: bool = True, empty_ok: bool = False) -> str:
+def _string(
+    obj: dict,
+    key: str,
+    where: _Where,
+    prefix: str,
+    required: bool = True,
+    empty_ok: bool = False,
+    printed: bool = False,
+) -> str:
+    """The string at obj[key]; `printed` for an id or name that tables and messages show (printable text only)."""
     path = f"{prefix}.{key}" if prefix else key
     if key not in obj:
         if required:
@@ -134,6 +164,8 @@ def _string(obj: dict, key: str, where: _Where, prefix: str, required: bool = Tr
         where.fail(path, f"must be a string, got {type(value).__name__}")
     if not empty_ok and not value.strip():
         where.fail(path, "is empty")
+    if printed:
+        check_printable(value, where.source, path)
     return value
 
 
@@ -169,13 +201,15 @@ def _message(m: Any, where: _Where, prefix: str) -> Message:
     name = m.get("name")
     if name is not None and not isinstance(name, str):
         where.fail(f"{prefix}.name", "must be a string")
+    if name is not None:
+        check_printable(name, where.source, f"{prefix}.name")
     return Message(role, content, tool_calls, name)
 
 
 def _tool_call(c: Any, where: _Where, prefix: str) -> ToolCall:
     if not isinstance(c, dict):
         where.fail(prefix, "must be an object")
-    name = _string(c, "name", where, prefix)
+    name = _string(c, "name", where, prefix, printed=True)
     args = c.get("arguments", {})
     if not isinstance(args, dict):
         where.fail(f"{prefix}.arguments", "must be an object")
@@ -185,7 +219,7 @@ def _tool_call(c: Any, where: _Where, prefix: str) -> ToolCall:
 def _question(q: Any, where: _Where, prefix: str, n_messages: int) -> Question:
     if not isinstance(q, dict):
         where.fail(prefix, "must be an object")
-    qid = _string(q, "id", where, prefix)
+    qid = _string(q, "id", where, prefix, printed=True)
     text = _string(q, "question", where, prefix)
     accept = _string_list(q, "accept", where, prefix, required=True)
     reject = _string_list(q, "reject", where, prefix)
@@ -318,7 +352,7 @@ def render(
     tokenizer,
     chat_format: ChatFormat | None = None,
     max_tokens: int | None = None,
-    remedy: str = "use a window of it (--window)",
+    remedy: str | None = None,
 ) -> Rendered:
     """Render every message with the chat template; spans tile the ids and prefixes are token prefixes.
 
@@ -330,13 +364,14 @@ def render(
     and tokenises every prefix (quadratic) and refuses in the same words as before. With `max_tokens` (the model's
     positions), a rendering longer than that is refused after one tokenisation, before any per-message work, and one
     whose characters could not fit even at the longest token is refused before tokenising; `remedy` ends that refusal
-    with what the calling command offers.
+    with what the caller offers (default: the running command's, `TOO_LONG_REMEDY`).
 
     Message text is text: control-token strings (e.g. `<|im_end|>`) inside a message's content, name or tool calls
     become ordinary tokens, so the ids hold only the control tokens the chat template itself wrote (see `encode`)."""
     fmt = chat_format or ChatFormat(tokenizer)
     chats = [fmt.to_chat(m) for m in transcript.messages]
     where = transcript.path or transcript.id
+    remedy = remedy or TOO_LONG_REMEDY.get()
     try:
         text = fmt.render_text(chats)
     except Exception:  # the exact path names the first message the template refuses

@@ -341,6 +341,12 @@ def run_plan(config: PlanConfig) -> int:
     check_ranges(config)
     console = Console(width=None if sys.stdout.isatty() else 120)
     model_config = load_config(config.model)
+    positions = getattr(model_config, "max_position_embeddings", None)
+    if positions and config.window > positions:  # a plan for a window the model cannot attend over answers nothing
+        raise VkvError(
+            f"--window {config.window}: beyond the {positions} positions of {config.model}; plan a window of at most "
+            f"{positions} tokens"
+        )
     common = dict(
         quant=config.quant,
         ratio=config.ratio,
