@@ -67,7 +67,7 @@ class Chat:
     def new_messages(self) -> tuple[int, int]:
         """The messages a running compression takes: those after the ones the chat opened with and after the last
         compressed one, [first, last). Read from the session, so /undo (which restores it) needs no bookkeeping."""
-        compressed = [i for i, s in enumerate(self.session.cache.segments) if s.kind != "verbatim"]
+        compressed = [i for i, s in enumerate(self.session.cache.segments) if s.compressed]
         return max([self.opened] + [i + 1 for i in compressed]), len(self.session.messages)
 
     def compress_new(self) -> None:

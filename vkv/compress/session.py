@@ -195,7 +195,7 @@ class Session:
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
         if turns is not None and not is_turn_range(turns):
             raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
-        compressed = [i for i, s in enumerate(self.cache.segments) if s.kind != "verbatim"]
+        compressed = [i for i, s in enumerate(self.cache.segments) if s.compressed]
         if turns is None:
             system = 1 if self.messages and self.messages[0].role == "system" else 0
             turns = (max([system] + [i + 1 for i in compressed]), len(self.turns))
