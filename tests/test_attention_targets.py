@@ -110,6 +110,8 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--ratio",
@@ -135,6 +137,8 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--span",
@@ -160,6 +164,8 @@ def test_a_negative_read_out_weight_is_refused_whatever_the_target(mini_transcri
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--span",

@@ -77,6 +77,8 @@ def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--span",
@@ -103,6 +105,8 @@ def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--span",

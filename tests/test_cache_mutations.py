@@ -199,7 +199,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("built")
     kv, embeddings = root / "am.safetensors", root / "virtual.safetensors"
     assert main(["compress", str(TRANSCRIPT), *MODEL, "--method", "am", "--ratio", "4", "--out", str(kv)]) == 0
-    recipe = ["--ratio", "4", "--verbatim-share", "0", "--steps", "2", "--store", "embeddings"]
+    recipe = ["--method", "vkv", "--ratio", "4", "--verbatim-share", "0", "--steps", "2", "--store", "embeddings"]
     assert main(["compress", str(TRANSCRIPT), *MODEL, *recipe, "--out", str(embeddings)]) == 0
     return {"kv": kv, "embeddings": embeddings}
 

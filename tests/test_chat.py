@@ -11,9 +11,7 @@ from vkv.compress.session import Session
 
 def _chat(monkeypatch, capsys, lines, *args):
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
-    code = main(
-        ["chat", *map(str, args), "--model", "smollm2-135m", "--quant", "fp32", "--max-new-tokens", "8", "--steps", "2"]
-    )
+    code = main(["chat", *map(str, args), "--model", "smollm2-135m", "--quant", "fp32", "--max-new-tokens", "8"])
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
 
@@ -103,3 +101,32 @@ def test_undo_and_retry_take_back_the_last_exchange(smol, monkeypatch, capsys, t
     added = session.messages[8:]  # after the transcript's 8 messages: the retried exchange, once
     assert [(m.role, m.content) for m in added][0] == ("user", "Which library hashes passwords?")
     assert [m.role for m in added] == ["user", "assistant"]
+
+
+@pytest.mark.integration
+def test_a_running_compression_takes_only_the_new_messages(smol, monkeypatch, capsys, tmp_path):
+    saved = tmp_path / "chat.safetensors"
+    lines = [
+        "Which library hashes passwords?",
+        "/compress",
+        "Which test runner is used?",
+        "/compress",
+        f"/save {saved}",
+    ]
+    args = (FIXTURES / "mini-agent.json", "--compress-every", "2", "--method", "knorm", "--ratio", "2")
+    code, out, err = _chat(monkeypatch, capsys, lines, *args)
+    assert code == 0 and "Traceback" not in err and out[-1] == f"saved {saved}"
+    assert out.count("no new messages to compress") == 2  # --compress-every took each exchange's two already
+    assert err.count("compressing 2 new message(s) by knorm at 2×") >= 2 and "done 2/2" in err
+    session = Session.load(saved, smol)
+    compressed = [s.compressed for s in session.cache.segments]
+    assert compressed == [False] * 8 + [True] * 4  # the transcript's messages stay as the chat opened them
+    assert session.method == "knorm"
+
+
+def test_a_recipe_flag_is_refused_for_a_method_without_one(capsys):
+    transcript = str(FIXTURES / "mini-agent.json")
+    assert main(["chat", transcript, "--model", "smollm2-135m", "--steps", "2"]) == 2
+    assert "--steps is a setting of vkv's recipe, and method 'am' has none (--method vkv takes it)" in (
+        capsys.readouterr().err.replace("\n", " ")
+    )

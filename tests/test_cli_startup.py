@@ -93,3 +93,45 @@ def test_importing_the_cli_imports_no_torch():
 def test_help_lists_commands_from_the_cache(capsys):
     assert main(["--help"]) == 0
     assert "eval" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["compress", "{tmp}/missing.json", "--out", "{tmp}/c.safetensors"],
+        ["chat", "{tmp}/missing.json"],
+        ["eval", "{tmp}/missing.json"],
+        ["ask", "{tmp}/missing.safetensors", "--question", "why?"],
+    ],
+)
+def test_a_missing_input_is_refused_before_torch_is_imported(tmp_path, argv):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    probe = (
+        "import sys; from vkv.cli import main; code = main(sys.argv[1:]); "
+        "print(code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    env = {**os.environ, "VKV_HOME": str(tmp_path / "home")}
+    for _ in range(2):  # the first run in a new home builds the parser's cached description, which imports torch
+        run = subprocess.run([sys.executable, "-c", probe, *argv], env=env, capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "2 []"
+    assert f"{tmp_path}/missing" in run.stderr and "no such file" in run.stderr
+
+
+def test_threads_are_set_before_the_model_loads(monkeypatch, tmp_path, capsys):
+    import torch
+
+    seen = []
+
+    def load_model(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("vkv.lm.load.load_model", load_model)
+    before = torch.get_num_threads()
+    transcript = os.path.join(os.path.dirname(__file__), "fixtures", "mini-agent.json")
+    try:
+        for command in (["compress", transcript, "--out", str(tmp_path / "c.safetensors")], ["eval", transcript]):
+            assert main([*command, "--model", "smollm2-135m", "--threads", "1"]) == 130
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 1]

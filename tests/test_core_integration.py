@@ -54,6 +54,8 @@ def test_compress_inspect_ask_from_the_cli(quant, mini_transcript_path, tmp_path
             [
                 "compress",
                 str(mini_transcript_path),
+                "--method",
+                "vkv",
                 "--model",
                 "smollm2-135m",
                 "--quant",

@@ -129,7 +129,7 @@ def test_vkv_compress_and_inspect_a_span_of_one_entry_per_head(mini_transcript_p
 
     out, summary = tmp_path / "one.safetensors", tmp_path / "one.json"
     argv = ["compress", str(mini_transcript_path), "--model", "smollm2-135m", "--span", "turns:5-5", "--ratio", "14"]
-    assert main([*argv, "--steps", "1", "--out", str(out), "--json", str(summary)]) == 0
+    assert main([*argv, "--method", "vkv", "--steps", "1", "--out", str(out), "--json", str(summary)]) == 0
     written = json.loads(summary.read_text())
     assert (
         written["span_tokens"] == 14 and written["entries_per_head"] == 1 and written["stopped"] == "no virtual token"

@@ -41,7 +41,7 @@ def test_a_session_compressed_by_a_method_holds_the_per_turn_evals_entries(tiny_
 def test_a_method_without_a_per_message_mode_is_refused(tiny_llama):
     session = vkv.Session(tiny_llama)
     session.extend([{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, what next?"}])
-    for method in (get_method("longcodezip"), get_method("full"), "kvzip"):
+    for method in (get_method("longcodezip"), get_method("full"), "longcodezip", 42):
         with pytest.raises(VkvError, match="cannot compress a session's messages"):
             session.compress((0, 2), 2.0, method=method)
     assert all(s.kind == "verbatim" for s in session.cache.segments)  # unchanged

@@ -9,9 +9,11 @@ The public API, imported on first use (so `import vkv` stays light):
     vkv.save_cache(spliced, "c.safetensors"); vkv.load_cache("c.safetensors", lm)
     cache = lm.ragged_cache(spliced)                          # a transformers Cache for model.generate()
     session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
+    messages = vkv.load_conversation("chat.json")             # an OpenAI, Anthropic, JSON-lines or vkv conversation
 """
 
 from importlib import import_module
+from inspect import getdoc, signature
 from types import ModuleType
 
 __version__ = "0.1.0"
@@ -25,7 +27,19 @@ class _CallablePackage(ModuleType):
     def __call__(self, *args, **kwargs):
         return import_module("vkv.compress_api").compress(*args, **kwargs)
 
+    # help() and inspect show the function's parameters and documentation, not (*args, **kwargs); read when asked,
+    # so that `import vkv` still imports nothing heavy
+    @property
+    def __signature__(self):
+        return signature(import_module("vkv.compress_api").compress)
 
+    @property
+    def __doc__(self):
+        function = import_module("vkv.compress_api").compress
+        return f"compress{signature(function)}\n\n{getdoc(function)}\n\n{_PACKAGE_DOC}"
+
+
+_PACKAGE_DOC = import_module("vkv.compress").__doc__
 import_module("vkv.compress").__class__ = _CallablePackage
 
 _API = {
@@ -46,6 +60,7 @@ _API = {
     "save_cache": "vkv.kv.file",
     "load_cache": "vkv.lm.rebuild",
     "load_transcript": "vkv.text.transcript",
+    "load_conversation": "vkv.text.formats",
     "get_method": "vkv.methods",
 }
 __all__ = ["__version__", "compress", *_API]

@@ -15,11 +15,12 @@ several questions of one compressed conversation.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from vkv.compress.budget import span_budget
+from vkv.compress.budget import DEFAULT_METHOD, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig
 from vkv.compress.session import is_turn_range
@@ -32,7 +33,8 @@ from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
 from vkv.methods import METHODS, PER_TURN_VKV, VERBATIM_VKV, VKV_MODES, get_method, registered_name
 from vkv.methods.base import Method, TextMethod
-from vkv.text.transcript import Transcript, parse_transcript, render
+from vkv.text.formats import load_conversation
+from vkv.text.transcript import Transcript, render
 
 QUANTS_BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -40,8 +42,8 @@ QUANTS_BY_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16:
 def compress(
     model,
     tokenizer,
-    messages: Transcript | Sequence[Mapping[str, Any]],
-    method: str = "kvzip",
+    messages: Transcript | Sequence[Mapping[str, Any]] | str | Path,
+    method: str = DEFAULT_METHOD,
     ratio: float = 8.0,
     turns: tuple[int, int] | None = None,
     seed: int = 0,
@@ -49,8 +51,9 @@ def compress(
 ) -> RaggedCache:
     """Compress messages [first, last) of a conversation (`turns`; default every message after the leading system
     message, as `vkv eval`) by `method` at `ratio` span tokens per entry, the rest kept verbatim, on `model` (a
-    transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: role/content dicts (with
-    optional `tool_calls` and `name`, as in a transcript file) or a Transcript; `options`: the method's own (its
+    transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: the conversation in any
+    format `vkv.load_conversation` reads (a file's path, OpenAI or Anthropic messages, vkv's role/content dicts with
+    optional `tool_calls` and `name`, or a Transcript); `method`: Attention Matching ('am') unless named; `options`: the method's own (its
     dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`; with `method="vkv"`, `per_turn=True`
     compresses each message on its own on the running cache, as `--per-turn`, and `keep_verbatim=True` keeps a share
     of the tokens verbatim for every head, as `--keep-verbatim`). Returns the decoding cache on the model's device and
@@ -63,7 +66,7 @@ def compress(
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
         raise VkvError(f"field ratio: expected a number above 1 (span tokens per entry), got {ratio!r}")
     chosen = _kv_method(method, options)
-    transcript = messages if isinstance(messages, Transcript) else _transcript(messages)
+    transcript = load_conversation(messages)
     lm = frozen(model, tokenizer)
     return lm.ragged_cache(compress_with(lm, transcript, turns or transcript.default_span(), chosen, ratio, seed))
 
@@ -161,12 +164,3 @@ def _kv_method(name: str, options: dict[str, Any]):
             f"{', '.join((*cls.option_names(), *taken)) or 'none'}"
         )
     return get_method(name, **options)
-
-
-def _transcript(messages: Sequence[Mapping[str, Any]]) -> Transcript:
-    """Role/content dicts as a Transcript (validated as a transcript file's messages are)."""
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise VkvError("field messages: pass a list of {'role': ..., 'content': ...} dicts or a vkv Transcript")
-    return parse_transcript(
-        {"id": "messages", "messages": [dict(m) if isinstance(m, Mapping) else m for m in messages]}, source="messages"
-    )

@@ -47,6 +47,15 @@ def setting(
     return field(default=default, metadata={"help": help, "choices": choices, "cli": cli, **bound, **flag})
 
 
+def threads_setting() -> Any:
+    """`--threads`, a field of every config that runs the model (vkv.cli.common.ModelConfig, the sweep's)."""
+    return setting(
+        None,
+        "CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
+        minimum=1,
+    )
+
+
 def nested(config: type, prefix: str = "", help: str = "") -> Any:
     """A nested config's field; its settings' flat keys are `prefix` + their own names."""
     return field(default_factory=config, metadata={"nested": config, "prefix": prefix, "help": help, "cli": True})

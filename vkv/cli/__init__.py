@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help, or argparse refusing a flag in one line: its exit code is returned
         return exit_.code if isinstance(exit_.code, int) else 2
     try:
+        check_inputs(args)
         check_home()
         if getattr(args, "model", "unset") is None and args.command in TOKENIZER_ONLY:
             from vkv.lm.load import DEFAULT_MODEL
@@ -128,6 +129,16 @@ OUTPUT_KINDS = {  # (command, output) → the kind of file it writes (vkv.io.FIL
     ("compress", "out"): "cache",
     ("import", "out"): "transcript",
 }
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse an input file (INPUTS) that is not there before anything heavy is imported: a misspelled path is one
+    sentence at once, not after torch and the model have loaded."""
+    for name, label in INPUTS.items():
+        value = getattr(args, name, None)
+        for given in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(given, str) and given and not os.path.lexists(given):
+                raise VkvError(f"{given}: no such file ({label})")
 
 
 def check_outputs(args: argparse.Namespace) -> None:

@@ -1,8 +1,9 @@
 """`vkv chat`: continue a saved session, a compressed transcript's cache, or a transcript, interactively or from
 a pipe.
 
-Each exchange is appended to the session's running cache; with `--compress-every N`, every N finished messages are
-compressed by the session's recipe (vkv's virtual tokens, message by message); `/save FILE` writes the session,
+Each exchange is appended to the session's running cache; with `--compress-every N`, every N new messages are
+compressed by `--method` (Attention Matching unless told; vkv's virtual tokens by the recipe's flags with `--method
+vkv`), message by message onto the running cache, and `/compress` does it at once; `/save FILE` writes the session,
 `/undo` and `/retry` take back the last exchange. From a pipe (`echo question | vkv chat ...`) every line is a
 question and only the answers are printed. The conversation itself (reading, answering, leaving) is vkv.cli.chat_loop.
 
@@ -20,15 +21,16 @@ from pathlib import Path
 
 from vkv.cli.chat_loop import Chat
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, trust_foreign_setting
-from vkv.cli.method_flags import add_recipe_args, recipe_from_args
-from vkv.compress.budget import DEFAULT_RATIO
-from vkv.compress.session import Session, message_dict
+from vkv.cli.compress import kv_methods
+from vkv.cli.method_flags import add_recipe_args, recipe_flags_given, recipe_from_args
+from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO
+from vkv.compress.session import VIRTUAL_TOKENS, Session
 from vkv.errors import VkvError
 from vkv.kv.file import trusted_header
 from vkv.lm.load import resolve_model_path
 from vkv.lm.rebuild import load_cache
 from vkv.settings import add_arguments, from_args, nested, setting
-from vkv.text.transcript import load_transcript
+from vkv.text.formats import load_conversation
 
 
 @dataclass
@@ -42,40 +44,58 @@ class ChatConfig:
     )
     max_new_tokens: int = setting(256, "longest answer, in tokens", minimum=1)
     compress_every: int = setting(
-        0, "compress the verbatim messages once this many have accumulated (0: never)", minimum=0
+        0,
+        "compress the chat's new messages (those since it opened or last compressed) once this many have accumulated "
+        "(0: never; /compress does it at once)",
+        minimum=0,
     )
-    ratio: float = setting(DEFAULT_RATIO, "the ratio --compress-every compresses at", minimum=1, above=True)
+    method: str | None = setting(
+        None,
+        f"how --compress-every and /compress compress: any KV method with a budget, or vkv (virtual tokens by the "
+        f"recipe's flags); default: {DEFAULT_METHOD} for a transcript, a saved session's own for a session",
+        choices=lambda: kv_methods(),
+    )
+    ratio: float = setting(DEFAULT_RATIO, "the ratio --compress-every and /compress compress at", minimum=1, above=True)
     trust_foreign: bool = trust_foreign_setting()
 
 
-def open_session(source: str, lm, recipe, trust_foreign: bool = False):
-    """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe), or a new one holding
-    a transcript's messages verbatim and compressing with `recipe` (a MultiTurnConfig). A cache file not signed with
-    this user's key is refused unless `trust_foreign`."""
+def open_session(source: str, lm, recipe, trust_foreign: bool = False, method: str | None = None):
+    """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe, and its method unless
+    `method` names one), or a new one holding a conversation's messages verbatim (a vkv transcript or an export
+    `vkv.load_conversation` reads) and compressing by `method` (default: DEFAULT_METHOD) with `recipe` (a
+    MultiTurnConfig, for vkv's virtual tokens). A cache file not signed with this user's key is refused unless
+    `trust_foreign`."""
     path = Path(source)
-    if path.suffix == ".json":
-        session = Session(lm, recipe)
-        session.extend([message_dict(m) for m in load_transcript(path).messages])
+    if path.suffix in (".json", ".jsonl"):
+        session = Session(lm, recipe, method or DEFAULT_METHOD)
+        session.extend(list(load_conversation(path).messages))
         return session
     header = trusted_header(path, trust_foreign)
     if "session" in header:
-        return Session.load(path, lm, trust_foreign)
+        session = Session.load(path, lm, trust_foreign)
+        if method is not None:
+            session.method = method
+        return session
     return Session.continuing(lm, recorded_transcript(path, header), load_cache(path, lm, trust_foreign))
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
 
     config = from_args(ChatConfig, args)
+    check_method_flags(config, args)
     model = config.model
     inputs = {args.source: "the chat's source"}
-    if Path(args.source).suffix != ".json":  # a cache file: refused before any model loads unless it is trusted
+    if Path(args.source).suffix not in (
+        ".json",
+        ".jsonl",
+    ):  # a cache file: refused before any model loads unless it is trusted
         header = trusted_header(args.source, config.trust_foreign)
         if model.model is None:  # it names its model
             model = dataclasses.replace(model, model=header.get("model"))
     lm = load_model_from(model)  # a transcript gets the default model
     # a chat keeps no uncompressed history, so its turns' targets come from the running cache
     recipe = dataclasses.replace(recipe_from_args(args), target_source="online")
-    session = open_session(args.source, lm, recipe, config.trust_foreign)
+    session = open_session(args.source, lm, recipe, config.trust_foreign, config.method)
     if config.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
@@ -93,6 +113,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if local:
         inputs[path] = "the model directory"
     return Chat(session, sampling, interactive, config.compress_every, config.ratio, inputs=inputs).run()
+
+
+def check_method_flags(config: ChatConfig, args: argparse.Namespace) -> None:
+    """Refuse, before the model loads, a flag of vkv's recipe given to a chat that compresses by another method (a
+    saved session's method is known only once it is read: its recipe flags are left to the session's own)."""
+    given = recipe_flags_given(args, {"target_source"})
+    method = config.method or (DEFAULT_METHOD if Path(args.source).suffix in (".json", ".jsonl") else None)
+    if given and method not in (None, VIRTUAL_TOKENS):
+        raise VkvError(
+            f"--{given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{method}' has none "
+            "(--method vkv takes it)"
+        )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -17,10 +17,11 @@ from vkv.cli.repetition import RepetitionGuard
 from vkv.errors import VkvError
 from vkv.home import vkv_home
 from vkv.io import check_output
-from vkv.progress import status
+from vkv.progress import counted
 
 COMMANDS = {  # what a line starting with / does (it is never sent to the model)
     "/save FILE": "write the session to FILE (its directory must exist)",
+    "/compress": "compress the chat's new messages now (by --method at --ratio, onto the running cache)",
     "/undo": "forget the last exchange (question and answer)",
     "/retry": "ask the last question again (sampled at --temperature, or at 0.7 when greedy)",
     "/help": "list these commands",
@@ -56,8 +57,33 @@ class Chat:
     ratio: float = 3.2
     history: list[Snapshot] = field(default_factory=list)
     unsaved: int = 0  # exchanges since the session was opened or last saved
-    uncompressed: int = 0  # messages since the last compression
     inputs: dict[str, str] = field(default_factory=dict)  # files the chat read (path → what): /save never replaces one
+    opened: int = -1  # messages the session held when the chat opened (-1: read from the session)
+
+    def __post_init__(self) -> None:
+        if self.opened < 0:
+            self.opened = len(self.session.messages)
+
+    def new_messages(self) -> tuple[int, int]:
+        """The messages a running compression takes: those after the ones the chat opened with and after the last
+        compressed one, [first, last). Read from the session, so /undo (which restores it) needs no bookkeeping."""
+        compressed = [i for i, s in enumerate(self.session.cache.segments) if s.compressed]
+        return max([self.opened] + [i + 1 for i in compressed]), len(self.session.messages)
+
+    def compress_new(self) -> None:
+        """Compress the new messages onto the running cache, with a count and time left on stderr; Ctrl-C leaves the
+        session as it was (compress() replaces the cache only when done)."""
+        first, last = self.new_messages()
+        if first >= last:
+            console.print("no new messages to compress")
+            return
+        method = self.session.method
+        label = f"compressing {last - first} new message(s) by {getattr(method, 'name', method)} at {self.ratio:g}×"
+        try:
+            with counted(label, last - first) as done:
+                self.session.compress((first, last), self.ratio, on_turn=lambda turn, segment: done())
+        except KeyboardInterrupt:
+            errors.print("\n[yellow]compression stopped[/]; those messages stay verbatim until the next one")
 
     def run(self) -> int:
         history_file = _readline_history() if self.interactive else None
@@ -113,14 +139,9 @@ class Chat:
             return
         self.history.append(before)
         self.unsaved += 1
-        self.uncompressed += 2
-        if self.compress_every and self.uncompressed >= self.compress_every:
-            try:
-                with status(f"compressing {self.uncompressed} messages at {self.ratio:g}×"):
-                    self.session.compress(ratio=self.ratio)  # replaces the cache when done, so Ctrl-C changes nothing
-                self.uncompressed = 0
-            except KeyboardInterrupt:
-                errors.print("\n[yellow]compression stopped[/]; those messages stay verbatim until the next one")
+        first, last = self.new_messages()
+        if self.compress_every and last - first >= self.compress_every:
+            self.compress_new()
 
     def answer(self, question: str, **overrides: Any) -> tuple[str, bool]:
         """The answer's text (streamed on a terminal) and whether it was cut at a loop."""
@@ -153,6 +174,8 @@ class Chat:
                 console.print(f"{usage}: {what}")
         elif command == "/save":
             self.save(rest.strip())
+        elif command == "/compress":
+            self.compress_new()
         elif command in ("/undo", "/retry"):
             self.undo(retry=command == "/retry")
         else:
@@ -166,7 +189,6 @@ class Chat:
         last = self.history.pop()
         last.restore(self.session)
         self.unsaved = max(0, self.unsaved - 1)
-        self.uncompressed = max(0, self.uncompressed - 2)
         if not retry:
             console.print(f"forgot the last exchange ({last.question[:60]!r})")
             return

@@ -13,7 +13,7 @@ from vkv.cli.consoles import errors as errors  # re-exported: command modules ta
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
 from vkv.progress import status
-from vkv.settings import setting
+from vkv.settings import setting, threads_setting
 from vkv.text.transcript import load_transcript
 from vkv.text.windows import window_transcript
 
@@ -74,12 +74,18 @@ class ModelConfig:
     quant: str = setting("auto", "auto = 8bit on CUDA, fp32 on CPU", choices=_quants)
     device: str = setting("auto", "cpu, cuda, cuda:N or auto")
     attn: str = setting("sdpa", "attention implementation", choices=("sdpa", "eager"))
+    threads: int | None = threads_setting()
 
 
 def load_model_from(config: ModelConfig):
-    """The model `config` names (vkv's default model when it names none and a GPU can run it)."""
+    """The model `config` names (vkv's default model when it names none and a GPU can run it), with torch's CPU
+    threads set first when `config` gives them."""
+    import torch
+
     from vkv.lm.load import default_model, load_model
 
+    if config.threads:
+        torch.set_num_threads(config.threads)
     name = config.model or default_model(config.device)
     with status(f"loading {name} ({config.quant})"):
         return load_model(name, quant=config.quant, device=config.device, attn_implementation=config.attn)

@@ -31,6 +31,13 @@ def recipe_flags(args: argparse.Namespace) -> dict:
     }
 
 
+def recipe_flags_given(args: argparse.Namespace, skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The recipe's settings the flags set to other than their defaults (the seed and `skip` aside): what a method
+    without vkv's recipe would ignore, so refuses."""
+    defaults = {s.key: s.default for s in flat_settings(MultiTurnConfig)}
+    return [k for k, v in recipe_flags(args).items() if k != "seed" and k not in skip and v != defaults[k]]
+
+
 def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
     """The recipe the flags give."""
     return from_flat(MultiTurnConfig, recipe_flags(args)).validate()

@@ -13,6 +13,10 @@ import math
 from vkv.errors import VkvError
 
 DEFAULT_RATIO = 3.2  # what a command compresses at when it is not told: span tokens per entry
+# the method `vkv compress`, `vkv chat`, vkv.compress and a Session use when none is named: the one that keeps the most
+# of a later question's answer at every ratio the leaderboard reports (Attention Matching; README, Results); vkv's
+# virtual tokens are `--method vkv`
+DEFAULT_METHOD = "am"
 
 
 def span_budget(span_length: int, ratio: float) -> int:

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from vkv.compress.autoratio import segment_loss
-from vkv.compress.budget import DEFAULT_RATIO, allocate, span_budget
+from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, allocate, span_budget
 from vkv.compress.sequential import (
     FullHistory,
     MultiTurnConfig,
@@ -40,6 +42,7 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
+from vkv.text.formats import detect_format, load_conversation
 from vkv.text.transcript import (
     ChatFormat,
     Message,
@@ -54,11 +57,19 @@ from vkv.text.transcript import (
 
 
 class Session:
-    def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None):
+    def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None, method: str | None = None):
+        """`config`: vkv's recipe (its virtual tokens, and the seed every method uses); `method`: what `compress()`
+        uses when it is given none, a registered KV method's name or "vkv" (virtual tokens by `config`). Unnamed, it
+        is Attention Matching (DEFAULT_METHOD), or vkv's virtual tokens when a recipe is given: a recipe says how
+        virtual tokens are made."""
         if not isinstance(model, FrozenLM):
             raise VkvError(f"Session: field model: expected a model from vkv.load_model(...), got {model!r}")
         if config is not None and not isinstance(config, MultiTurnConfig):
             raise VkvError(f"Session: field config: expected a vkv.MultiTurnConfig, got {config!r}")
+        if method is None:
+            method = VIRTUAL_TOKENS if config is not None else DEFAULT_METHOD
+        session_method(method)  # a name the registry lacks is refused now, not at the first compress()
+        self.method = method
         self.lm = model
         self.config = (config or MultiTurnConfig(target_source="online")).validate()
         self.format = ChatFormat(model.tokenizer)
@@ -73,9 +84,18 @@ class Session:
         """Add one message, kept verbatim: its K/V are computed on top of the running cache."""
         return self.extend([message])[0]
 
-    def extend(self, messages: list[Message | dict]) -> list[Turn]:
-        """Add messages, each kept verbatim; the session changes only if all of them render and feed."""
-        parsed = [as_message(m, len(self.messages) + i) for i, m in enumerate(messages)]
+    def extend(self, messages: list[Message | dict] | Transcript | str | Path) -> list[Turn]:
+        """Add messages, each kept verbatim; the session changes only if all of them render and feed. `messages`: in
+        any format `vkv.load_conversation` reads (a file's path, OpenAI or Anthropic messages, vkv's own dicts or
+        Messages)."""
+        if isinstance(messages, list) and all(isinstance(m, (Message, dict)) for m in messages):
+            vkv_own = all(isinstance(m, Message) for m in messages) or detect_format(messages) == "vkv"
+        else:
+            vkv_own = False
+        if vkv_own:  # each refused by its index in the session
+            parsed = [as_message(m, len(self.messages) + i) for i, m in enumerate(messages)]
+        else:
+            parsed = list(load_conversation(messages).messages)
         turns, ids, text = self._rendering_with(parsed)
         cache = self.cache.fork()
         append_verbatim(self.lm, cache, ids, turns)
@@ -138,20 +158,26 @@ class Session:
 
     # ---- compressing ----------------------------------------------------------------------------------
     def compress(
-        self, turns: tuple[int, int] | None = None, ratio: float | None = None, method: Any = None
+        self,
+        turns: tuple[int, int] | None = None,
+        ratio: float | None = None,
+        method: Any = None,
+        on_turn: Callable[[Turn, Segment], None] | None = None,
     ) -> list[Segment]:
         """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
         compressed one, the leading system message excepted) at `ratio` (default: DEFAULT_RATIO; none with
-        auto-ratio, which chooses one per turn). `method`: vkv's virtual tokens with this session's recipe (None), or
-        a registered KV method with a budget (`vkv.get_method("kvzip")`, `…("snapkv", head_budget="uniform")`, …),
-        each message compressed as its per-turn mode does it, on the running cache."""
+        auto-ratio, which chooses one per turn). `method`: the session's (None; see Session), "vkv" for vkv's virtual
+        tokens with this session's recipe, or a registered KV method with a budget, by name or built (`"am"`,
+        `vkv.get_method("snapkv", head_budget="uniform")`, …), each message compressed as its per-turn mode does it,
+        on the running cache. `on_turn(turn, segment)` is called after each message (a progress count)."""
         self._require_per_message("compress again")
         first, last = self._range(turns)
         config = self.config
-        if ratio is not None and config.auto_ratio and method is None:
+        method = session_method(self.method if method is None else method)
+        by_vkv = method == VIRTUAL_TOKENS
+        if ratio is not None and config.auto_ratio and by_vkv:
             raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
         span = self.turns[first:last]
-        by_vkv = method is None
         budget = (
             None if config.auto_ratio and by_vkv else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
         )
@@ -160,11 +186,10 @@ class Session:
             history = None
             if config.target_source == "oracle":
                 history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
-            segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history)
+            segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history, on_turn=on_turn)
         else:
-            segments = compress_turns(
-                self.lm, self.ids, span, cache, allocate([t.length for t in span], budget), self._turns_by(method), True
-            )
+            budgets = allocate([t.length for t in span], budget)
+            segments = compress_turns(self.lm, self.ids, span, cache, budgets, self._turns_by(method), True, on_turn)
         append_verbatim(self.lm, cache, self.ids, self.turns[last:])
         self.cache = cache
         return segments
@@ -183,7 +208,7 @@ class Session:
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
         if turns is not None and not is_turn_range(turns):
             raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
-        compressed = [i for i, s in enumerate(self.cache.segments) if s.kind != "verbatim"]
+        compressed = [i for i, s in enumerate(self.cache.segments) if s.compressed]
         if turns is None:
             system = 1 if self.messages and self.messages[0].role == "system" else 0
             turns = (max([system] + [i + 1 for i in compressed]), len(self.turns))
@@ -264,6 +289,7 @@ class Session:
             session={
                 "messages": [message_dict(m) for m in self.messages],
                 "config": self.config.to_dict(),
+                "method": self.method,
                 "tokens": len(self.ids),
                 "ids_sha256": ids_digest(self.ids),
             },
@@ -279,7 +305,10 @@ class Session:
             raise VkvError(f"{path}: a vkv cache without a session field, so not a saved session")
         saved = header["session"]
         cache = load_cache(path, model, trust_foreign)
-        session = cls(model, MultiTurnConfig.from_dict(saved.get("config", {})))
+        method = saved.get("method", VIRTUAL_TOKENS)  # sessions saved before it was recorded compressed with vkv
+        if not isinstance(method, str):
+            raise VkvError(f"{path}: field session.method: expected a method's name, got {method!r}")
+        session = cls(model, MultiTurnConfig.from_dict(saved.get("config", {})), method)
         messages = [as_message(m, i) for i, m in enumerate(saved.get("messages", []))]
         session.turns, session.ids, session.text = session._rendering_with(messages)
         session.messages = messages
@@ -293,6 +322,23 @@ class Session:
             raise VkvError(f"{path}: field segments: the segments do not match the session's messages one to one")
         session.cache = SplicedCache(cache.segments, cache.next_position)
         return session
+
+
+VIRTUAL_TOKENS = "vkv"  # a session's method by this name is vkv's virtual tokens, made by the session's recipe
+
+
+def session_method(method: Any) -> Any:
+    """VIRTUAL_TOKENS, or the registered method `method` names (a built one as it is); a name the registry lacks, or
+    one of vkv's modes that a session's recipe chooses itself, is refused naming the choices."""
+    if not isinstance(method, str) or method == VIRTUAL_TOKENS:
+        return method
+    # the registry is in a layer below this one (its methods are built from this layer's parts), so it is looked up
+    # by name, as a sweep file's configs are, only when a session is given a method by name
+    registry = import_module("vkv.methods")
+    if method not in registry.METHODS or method in registry.VKV_MODES:
+        choices = ", ".join(n for n in registry.METHODS if n not in registry.VKV_MODES)
+        raise VkvError(f"field method: unknown method {method!r}; choose from {choices}")
+    return registry.get_method(method)
 
 
 def as_message(message: Message | dict, index: int) -> Message:

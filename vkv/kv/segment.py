@@ -72,6 +72,12 @@ class Segment:
         return self.span[1] - self.span[0]
 
     @property
+    def compressed(self) -> bool:
+        """Whether the segment stands for its tokens by other entries or by fewer of them (an eviction keeps a subset
+        of a message's own tokens, as a segment of kind verbatim)."""
+        return self.kind != "verbatim" or self.entries < self.original_tokens
+
+    @property
     def ratio(self) -> float:
         return self.original_tokens / max(self.real_entries, 1)
 

@@ -44,7 +44,7 @@ from rich.table import Table
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.progress import make_progress, status
-from vkv.settings import check_ranges, setting
+from vkv.settings import check_ranges, setting, threads_setting
 from vkv.sweep.grid import UNIT_KEYS, Experiment, build_method, expand, load_experiment
 from vkv.sweep.plan import Run, Unit, parse_shard, plan, take_shard, turn_count_windows
 from vkv.sweep.results import ResultsFile, read_results, results_name
@@ -78,11 +78,7 @@ class SweepConfig:
     save_caches: bool = setting(False, "also save each run's spliced cache (large)")
     device: str = setting("auto", "cpu, cuda, cuda:N or auto (torchrun: cuda:LOCAL_RANK)")
     attn: str = setting("sdpa", "attention implementation", choices=("sdpa", "eager"))
-    threads: int | None = setting(
-        None,
-        "CPU threads for torch (default: torch's choice; 1 is fastest when other processes share the cores)",
-        minimum=1,
-    )
+    threads: int | None = threads_setting()
     batch: int = setting(
         EvalSettings.batch,
         "questions scored side by side on one context (0: each alone); the speed changes, not a run's numbers beyond "

@@ -19,14 +19,16 @@ added.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.io import check_depth, check_plain, parse_json
-from vkv.text.transcript import parse_transcript
+from vkv.io import check_depth, check_plain, parse_json, read_input
+from vkv.text.transcript import Message, Transcript, parse_transcript
 
 FORMATS = ("openai", "anthropic", "jsonl-log")
 DROPPED_BLOCKS = ("thinking", "redacted_thinking")
@@ -39,6 +41,7 @@ class Imported:
 
     transcript: dict[str, Any]
     skipped: Counter = field(default_factory=Counter)
+    source: str = ""  # the file (or "messages"), as errors name it
 
 
 def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = None) -> Imported:
@@ -46,36 +49,173 @@ def import_conversation(path: str | Path, fmt: str, transcript_id: str | None = 
     if fmt not in FORMATS:
         raise VkvError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     p = Path(path)
+    text = _utf8(p.read_bytes(), p)
+    if fmt == "jsonl-log":
+        reader = _log_lines(text, str(p))
+    else:
+        reader = _read(_json(text, str(p)), fmt, str(p), "--format ")
+    return _imported(reader, str(p), fmt, transcript_id or p.stem, f"imported from {p.name} ({fmt})")
+
+
+def load_conversation(conversation: Any) -> Transcript:
+    """A conversation as vkv's Transcript, its format detected from the data: a path (str or Path) to a JSON or
+    JSON-lines file, a list of message dicts, a request body ({'messages': [...]}, Anthropic's with 'system'), a list
+    of Messages or a Transcript (returned as it is). The formats are `vkv import`'s (OpenAI chat completions, Anthropic
+    Messages, an agent's JSON-lines log) and vkv's own (a transcript file, or role/content messages whose tool calls
+    are {'name', 'arguments'}); each is read by the same reader, with the same errors naming the field, as `vkv import`
+    and `vkv.load_transcript` give. Data with the marks of two formats, or that fits none, is refused with a hint."""
+    if isinstance(conversation, Transcript):
+        return conversation
+    if isinstance(conversation, (str, Path)):
+        return _load_file(Path(conversation))
+    if isinstance(conversation, (list, tuple)) and conversation and all(isinstance(m, Message) for m in conversation):
+        return Transcript("messages", tuple(conversation), ())
+    if isinstance(conversation, tuple):
+        conversation = list(conversation)
+    if not isinstance(conversation, (list, dict)):
+        raise VkvError(
+            f"field messages: expected a file path, a list of message dicts or a Transcript, got "
+            f"{type(conversation).__name__}"
+        )
+    return _from_data(conversation, "messages", "messages")
+
+
+def _load_file(p: Path) -> Transcript:
+    raw = read_input(p, "conversation file")  # a device, FIFO, directory or oversized file: refused unread
+    text, log = _utf8(raw, p), False
     try:
-        text = p.read_bytes().decode("utf-8")
+        data = _json(text, str(p))
+        log = isinstance(data, dict) and "messages" not in data and ("role" in data or "message" in data)
+    except VkvError:
+        first = next((line for line in text.split("\n") if line.strip()), "")
+        if first.strip() == text.strip() or not _is_object(first):
+            raise  # not a JSON-lines log either: the whole file's error is the one to read
+        log = True
+    if log:  # one message, or an envelope holding one, per line
+        return _transcript(_imported(_log_lines(text, str(p)), str(p), "jsonl-log", p.stem, f"read from {p.name}"))
+    return _from_data(data, str(p), p.stem, hashlib.sha256(raw).hexdigest())
+
+
+def _from_data(data: Any, source: str, transcript_id: str, sha256: str = "") -> Transcript:
+    """`data` read as the one format it has marks of (vkv's own where it has none)."""
+    fmt = detect_format(data, source)
+    if fmt == "vkv":
+        record = data if isinstance(data, dict) else {"id": transcript_id, "messages": data}
+        try:
+            return parse_transcript(record, source=source, sha256=sha256)
+        except VkvError as exc:
+            if _marks(data)["vkv"]:  # a transcript of vkv's own: its error is the whole story
+                raise
+            raise VkvError(f"{exc} ({NO_MARKS})") from None
+    return _transcript(_imported(_read(data, fmt, source, ""), source, fmt, transcript_id, f"read as {fmt}"))
+
+
+NO_MARKS = (
+    "read as vkv's own format, as it has no mark of OpenAI's (tool_calls with a 'function', a tool_call_id) or "
+    "Anthropic's (tool_use or tool_result blocks, a top-level 'system'); `vkv import --format` reads either"
+)
+
+
+def detect_format(data: Any, source: str = "messages") -> str:
+    """The format `data` has marks of: `openai`, `anthropic` or `vkv` (also where it has none, as plain role/content
+    messages are vkv's). Marks of two formats are refused, naming one mark of each."""
+    marks = _marks(data)
+    found = [fmt for fmt in ("vkv", "openai", "anthropic") if marks[fmt]]
+    if len(found) > 1:
+        seen = "; ".join(f"{fmt}: {marks[fmt][0]}" for fmt in found)
+        raise VkvError(
+            f"{source}: the conversation has marks of more than one format ({seen}); give all its messages one "
+            "format (`vkv import --format openai|anthropic` reads either)"
+        )
+    return found[0] if found else "vkv"
+
+
+def _marks(data: Any) -> dict[str, list[str]]:
+    """Per format, the fields of `data` that only that format has (a field path and what is there)."""
+    marks: dict[str, list[str]] = {"vkv": [], "openai": [], "anthropic": []}
+    messages = data.get("messages") if isinstance(data, dict) else data
+    if isinstance(data, dict):
+        if "system" in data:
+            marks["anthropic"].append("field system")
+        if "questions" in data or "id" in data:
+            marks["vkv"].append("a transcript's " + ("questions" if "questions" in data else "id"))
+    if not isinstance(messages, list):
+        return marks
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        at = f"messages[{i}]"
+        if m.get("role") in ("developer", "function") or "tool_call_id" in m:
+            marks["openai"].append(f"{at}." + ("tool_call_id" if "tool_call_id" in m else f"role {m['role']}"))
+        calls = m.get("tool_calls")
+        for j, call in enumerate(calls if isinstance(calls, list) else []):
+            if isinstance(call, dict) and "function" in call:
+                marks["openai"].append(f"{at}.tool_calls[{j}].function")
+            elif isinstance(call, dict) and "name" in call:
+                marks["vkv"].append(f"{at}.tool_calls[{j}].name")
+        content = m.get("content")
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind in {*BLOCKS_OF_ANTHROPIC, "image", "document"}:
+                marks["anthropic"].append(f"{at}.content[{j}] ({kind})")
+            elif kind in ("image_url", "input_audio", "refusal"):
+                marks["openai"].append(f"{at}.content[{j}] ({kind})")
+            elif kind == "text" and not marks["anthropic"]:  # text parts: both APIs' shape, read alike by either
+                marks["openai"].append(f"{at}.content[{j}] (a list of parts)")
+    if marks["anthropic"] and all(m.endswith("(a list of parts)") for m in marks["openai"]):
+        marks["openai"] = []  # text blocks beside Anthropic's own are Anthropic's
+    return marks
+
+
+def _is_object(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _utf8(raw: bytes, p: Path) -> str:
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise VkvError(f"{p}: not UTF-8 text (byte {exc.start})") from None
-    reader = _Reader(str(p))
-    if fmt == "jsonl-log":
-        # lines end at "\n" alone: str.splitlines would also cut at U+2028 and other separators JSON strings may hold
-        for number, line in enumerate(text.split("\n"), 1):
-            if line.strip():
-                reader.log_line(_json(line, f"{p}:{number}"), f"line {number}")
-    else:
-        data = _json(text, str(p))
-        try:
-            reader.openai(data) if fmt == "openai" else reader.anthropic(data)
-        except VkvError as exc:
-            other = _other_format(data, fmt)
-            if other is None:
-                raise
-            raise VkvError(f"{exc}; the file looks like {other} format: try --format {other}") from None
+
+
+def _log_lines(text: str, source: str) -> _Reader:
+    reader = _Reader(source)
+    # lines end at "\n" alone: str.splitlines would also cut at U+2028 and other separators JSON strings may hold
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            reader.log_line(_json(line, f"{source}:{number}"), f"line {number}")
+    return reader
+
+
+def _read(data: Any, fmt: str, source: str, flag: str) -> _Reader:
+    """`data` read as `fmt` (openai or anthropic); refused data that looks like the other format says so, suggesting
+    `flag` + its name (the command line's --format, or nothing where the format was detected)."""
+    reader = _Reader(source)
+    try:
+        reader.openai(data) if fmt == "openai" else reader.anthropic(data)
+    except VkvError as exc:
+        other = _other_format(data, fmt)
+        if other is None:
+            raise
+        raise VkvError(f"{exc}; the file looks like {other} format: try {flag or 'format '}{other}") from None
+    return reader
+
+
+def _imported(reader: _Reader, source: str, fmt: str, transcript_id: str, description: str) -> Imported:
     if not reader.messages:
-        raise VkvError(f"{p}: no messages found in it as {fmt}")
-    transcript = {
-        "id": transcript_id or p.stem,
-        "description": f"imported from {p.name} ({fmt})",
-        "messages": reader.messages,
-    }
-    # what vkv would refuse is refused now, naming the file: the written transcript must load as one
-    check_depth(transcript, str(p), "imported transcript")
-    parse_transcript(transcript, source=str(p))
-    return Imported(transcript, reader.skipped)
+        raise VkvError(f"{source}: no messages found in it as {fmt}")
+    transcript = {"id": transcript_id, "description": description, "messages": reader.messages}
+    # what vkv would refuse is refused now, naming the source: the written transcript must load as one
+    check_depth(transcript, source, "imported transcript")
+    parse_transcript(transcript, source=source)
+    return Imported(transcript, reader.skipped, source)
+
+
+def _transcript(imported: Imported) -> Transcript:
+    return parse_transcript(imported.transcript, source=imported.source)
 
 
 def _json(text: str, where: str) -> Any:
@@ -87,28 +227,8 @@ def _json(text: str, where: str) -> Any:
 
 def _other_format(data: Any, fmt: str) -> str | None:
     """The other format (`openai` or `anthropic`) when `data`, refused as `fmt`, has marks only that one has."""
-    messages = data.get("messages") if isinstance(data, dict) else data
-    if not isinstance(messages, list):
-        return None
-    objects = [m for m in messages if isinstance(m, dict)]
-    kinds = {
-        b.get("type")
-        for m in objects
-        if isinstance(m.get("content"), list)
-        for b in m["content"]
-        if isinstance(b, dict)
-    }
-    anthropic = bool(kinds & {*BLOCKS_OF_ANTHROPIC, "image", "document"}) or (
-        isinstance(data, dict) and "system" in data
-    )
-    openai = bool(kinds & {"image_url", "input_audio", "refusal"}) or any(
-        m.get("role") in ("system", "developer", "tool", "function") or "tool_calls" in m for m in objects
-    )
-    if fmt == "openai" and anthropic and not openai:
-        return "anthropic"
-    if fmt == "anthropic" and openai and not anthropic:
-        return "openai"
-    return None
+    marks, other = _marks(data), "anthropic" if fmt == "openai" else "openai"
+    return other if marks[other] and not marks[fmt] else None
 
 
 class _Reader:
