@@ -26,7 +26,8 @@ pytestmark = pytest.mark.integration
 TRANSCRIPT = ROOT / "transcripts" / "dev" / "gen-ci-failure-2.json"
 WINDOW, SPAN = "560", "turns:2-4"  # a ~550-token window (system + 8 messages); messages 2-4 compressed
 CLI = ["--model", "smollm2-135m", "--quant", "fp32", "--window", WINDOW, "--span", SPAN, "--ratio", "4", "--steps", "2"]
-CLI += ["--method", "vkv", "--verbatim-share", "0"]  # virtual tokens alone: a per-head verbatim share keeps entries no forward rebuilds
+# virtual tokens alone: a per-head verbatim share keeps entries no forward rebuilds
+CLI += ["--method", "vkv", "--verbatim-share", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -137,7 +137,9 @@ def test_a_moved_transcript_is_named_with_the_way_out(tmp_path, capsys, test_mod
     moved = tmp_path / "t.json"
     moved.write_text(TRANSCRIPT.read_text())
     cache = tmp_path / "c.safetensors"
-    code = main(["compress", str(moved), *MODEL, "--method", "vkv", "--ratio", "4", "--steps", "1", "--out", str(cache)])
+    code = main(
+        ["compress", str(moved), *MODEL, "--method", "vkv", "--ratio", "4", "--steps", "1", "--out", str(cache)]
+    )
     assert code == 0 and read_header(cache)["transcript"]["path"] == str(moved.resolve())
     moved.rename(tmp_path / "elsewhere.json")
     capsys.readouterr()
