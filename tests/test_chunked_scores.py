@@ -36,3 +36,23 @@ def test_row_statistics_held_a_few_queries_at_a_time_equal_one_pass(monkeypatch)
     chunked = compaction.row_stats(readout)
     for field in ("log_max", "mass", "outputs", "rms", "mean"):
         torch.testing.assert_close(getattr(chunked, field), getattr(whole, field), rtol=1e-5, atol=1e-7)
+
+
+def test_am_alone_reads_out_without_scoring_and_after_kvzip_reuses_its_scored_pass(tiny_llama, monkeypatch):
+    from vkv.methods import get_method
+
+    calls = []
+    run = ReconstructionPass.run.__func__
+    monkeypatch.setattr(
+        ReconstructionPass,
+        "run",
+        classmethod(lambda cls, *a, **k: calls.append(k.get("score", False)) or run(cls, *a, **k)),
+    )
+    alone = TranscriptEval(tiny_llama, load_transcript(FIXTURES / "mini-agent.json")).work
+    get_method("am").compress(alone, 8.0)
+    assert calls == [False]  # the queries only: kvzip's scores are not computed for am
+    calls.clear()
+    shared = TranscriptEval(tiny_llama, load_transcript(FIXTURES / "mini-agent.json")).work
+    get_method("kvzip").compress(shared, 8.0)
+    get_method("am").compress(shared, 8.0)
+    assert calls == [True]  # one read-out for both: am takes the queries of kvzip's scored pass

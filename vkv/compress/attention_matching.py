@@ -115,7 +115,10 @@ class AttentionMatchingFit:
                 return result.to("cpu"), queries.shape[2]
             del stats, readout
             picked = token_subset(
-                work.lm, reconstruction_pass(work, self.chunk).queries.shape[2], self.max_queries, work.seed
+                work.lm,
+                reconstruction_pass(work, self.chunk, score=False).queries.shape[2],
+                self.max_queries,
+                work.seed,
             )
             repeat = len(picked) * (work.lm.spec.num_heads // kv_heads)
             extra = queries[:, :, repeat:] if queries.shape[2] > repeat else None  # the span's own, kept as they are

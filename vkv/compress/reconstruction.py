@@ -114,10 +114,15 @@ class ReconstructionPass:
         return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
 
-def reconstruction_pass(work, chunk: int = DEFAULT_CHUNK) -> ReconstructionPass:
-    """The work's read-out with its scores (normalised over the context), run once per work and chunk: kvzip's and
-    vkv's scores and am's and kvopt's reference queries all come from it."""
-    return work.reuse(("reconstruction pass", chunk), lambda: ReconstructionPass.run(work, chunk, score=True))
+def reconstruction_pass(work, chunk: int = DEFAULT_CHUNK, score: bool = True) -> ReconstructionPass:
+    """The work's read-out, with its scores (normalised over the context) where `score`, run once per work and chunk:
+    kvzip's and vkv's scores and am's and kvopt's reference queries all come from it. A caller that needs only the
+    queries takes a scored pass already run, and otherwise runs one without scores (the scoring is about as long
+    as the read-out itself); a later caller that needs scores then runs the pass again."""
+    scored = ("reconstruction pass", chunk)
+    if score or work.has(scored):
+        return work.reuse(scored, lambda: ReconstructionPass.run(work, chunk, score=True))
+    return work.reuse(("reconstruction pass, unscored", chunk), lambda: ReconstructionPass.run(work, chunk))
 
 
 def reconstruction_scores(work, chunk: int = DEFAULT_CHUNK, normalise: str = "context") -> torch.Tensor:

@@ -66,7 +66,7 @@ def grouped(lm: FrozenLM, queries: torch.Tensor) -> torch.Tensor:
 
 def repeat_queries(work, chunk: int, cap: int) -> torch.Tensor:
     """The read-out's queries `[layers, kv_heads, group * k, head_dim]` at their own positions (module docstring)."""
-    read_out = reconstruction_pass(work, chunk)
+    read_out = reconstruction_pass(work, chunk, score=False)
     picked = token_subset(work.lm, read_out.queries.shape[2], cap, work.seed)
     positions = read_out.positions[picked]
     return torch.stack(

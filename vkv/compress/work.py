@@ -54,6 +54,10 @@ class SpanWork:
         self._reusable[key] = (value, time.perf_counter() - started)
         return value
 
+    def has(self, key: tuple) -> bool:
+        """Whether `reuse` already holds a result for `key`."""
+        return key in self._reusable
+
     def take_reused_seconds(self) -> float:
         """The seconds of reused work since the last call (and start counting again)."""
         seconds, self.reused_seconds = self.reused_seconds, 0.0
