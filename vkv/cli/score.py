@@ -91,8 +91,10 @@ def cmd_score(args: argparse.Namespace) -> int:
         method = build_method(cls, recipe, args, options)
         if method.question_aware:
             raise VkvError(f"--method {method.name}: it is question-aware, and `vkv score` has no questions to give it")
-    for path in args.transcripts:  # a file that cannot be read is refused before the model loads
-        load_transcript(path)
+    for path in args.transcripts:  # a file that cannot be read, or held out, is refused before the model loads
+        transcript = load_transcript(path)
+        if not command.window:
+            held_out_turn(transcript, settings.holdout)
     lm = load_model_from(command.model)
     runs = sum(len(command.ratio) if cls.uses_ratio else 1 for cls in classes)
     results: list[dict] = []
