@@ -94,3 +94,16 @@ def test_a_conversation_with_no_reply_to_hold_out_is_refused(tiny_llama):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
     with pytest.raises(VkvError, match="no assistant message"):
         ScoreEval(tiny_llama, parse_transcript({"id": "lonely", "messages": messages}))
+
+
+def test_an_openai_style_export_is_scored_in_python(tiny_llama):
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Which port does the server use?"},
+        {"role": "assistant", "content": "It listens on port 8080, set in config.toml."},
+        {"role": "user", "content": "Remind me of the port."},
+        {"role": "assistant", "content": "Port 8080."},
+    ]
+    record = vkv.score(tiny_llama, None, messages, method="truncate", ratio=2.0)
+    assert record["held_out"]["messages"] == [4, 5] and record["span_tokens"] > 0
+    assert record["summary"]["ll"] < 0 and record["summary"]["kl"] >= 0
