@@ -10,6 +10,7 @@ The public API, imported on first use (so `import vkv` stays light):
     cache = lm.ragged_cache(spliced)                          # a transformers Cache for model.generate()
     session = vkv.Session(lm)                                 # append, compress, ask, save, Session.load
     messages = vkv.load_conversation("chat.json")             # an OpenAI, Anthropic, JSON-lines or vkv conversation
+    record = vkv.score(model, tokenizer, messages, method="kvzip", ratio=8.0)  # record["summary"]["kept"]: no questions
 """
 
 from importlib import import_module
@@ -62,6 +63,7 @@ _API = {
     "load_transcript": "vkv.text.transcript",
     "load_conversation": "vkv.text.formats",
     "get_method": "vkv.methods",
+    "score": "vkv.evals.score",
 }
 __all__ = ["__version__", "compress", *_API]
 

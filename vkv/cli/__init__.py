@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "ask",
     "chat",
     "eval",
+    "score",
     "validate",
     "sweep",
     "prune",

@@ -79,10 +79,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     command = from_args(EvalCommand, args)
     methods = command.method
-    for flag, values in (("--method", methods), ("--ratio", command.ratio)):
-        twice = sorted({v for v in values if values.count(v) > 1})
-        if twice:
-            raise VkvError(f"{flag}: {', '.join(map(str, twice))} listed twice; each run would be scored twice")
+    refuse_repeats(command)
     classes = [method_class(name, args) for name in methods]
     options = given_options(args, classes)
     refuse_unused_recipe_flags(args, classes)
@@ -106,6 +103,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def refuse_repeats(command) -> None:
+    """A method or ratio listed twice in `command` (one with `method` and `ratio` settings) is refused."""
+    for flag, values in (("--method", command.method), ("--ratio", command.ratio)):
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise VkvError(f"{flag}: {', '.join(map(str, twice))} listed twice; each run would be scored twice")
+
+
 def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, args, options, done) -> list[dict]:
     """One unit's results: the cache's (when given), then each method at each ratio; `done()` after each run."""
     start, end = render(transcript, lm.tokenizer).token_span(*(turns or transcript.default_span()))
@@ -118,10 +123,17 @@ def _eval_unit(lm, transcript, turns, command: EvalCommand, recipe, settings, ar
     if command.cache:
         results.append(evaluation.evaluate_cache(load_cache(command.cache, lm, command.trust_foreign)))
         done()
-    for name in names:
+    return results + run_methods(evaluation, command, recipe, args, options, done)
+
+
+def run_methods(evaluation, command, recipe, args, options, done) -> list[dict]:
+    """Each of `command`'s methods at each of its ratios (one ratio-free run for a method without one) on a prepared
+    unit (`evaluation.evaluate`), its steps or elapsed time shown; `done()` after each run."""
+    results = []
+    for name in command.method:
         method = build_method(method_class(name, args), recipe, args, options)
-        for ratio in ratios if method.uses_ratio else [None]:
-            label = f"{transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
+        for ratio in command.ratio if method.uses_ratio else [None]:
+            label = f"{evaluation.transcript.id} {name}" + (f" @ {ratio}×" if ratio else "")
             if method.reports_steps:
                 with step_bar(label, recipe.compress.optim.steps) as on_step:
                     results.append(evaluation.evaluate(method, ratio, on_step))

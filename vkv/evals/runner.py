@@ -110,10 +110,14 @@ class TranscriptEval:
                 f"{leaking[0]}; {len(leaking)} such leak(s), which `vkv validate` lists (--allow-leaks scores them anyway)"
             )
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
-        self.work = span_work(lm, transcript, self.rendered, self.start, self.end, self.settings.seed)
+        self.measure_references()
+
+    def measure_references(self) -> None:
+        """The shared work for the span, then the reference methods, measured once: the span kept whole (full) and
+        dropped (none)."""
+        self.work = span_work(self.lm, self.transcript, self.rendered, self.start, self.end, self.settings.seed)
         self.full, full_memory = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none, none_memory = self.measure(self.splice(None))
-        # the reference methods, measured once
         self.references = {"full": (self.full, full_memory), "none": (self.none, none_memory)}
 
     def _prepare(self, q: Question, rendered, transcript: Transcript) -> PreparedQuestion:
@@ -279,9 +283,29 @@ class TranscriptEval:
         """One run's record; `entries` are the span's entries per KV head (saved as `compressed_entries`), `slots`
         its slots per layer and KV head (saved as `stored_entries`; more with head-wise budgets' padding; default:
         `entries`), `memory` what the decoding cache holds in bytes (`memory()`)."""
-        span_tokens = self.end - self.start
         questions = [self._score(pq, m, f, n) for pq, m, f, n in zip(self.questions, measured, self.full, self.none)]
         usable = [q for q in questions if not q["weak"]]
+        return {
+            **self.run_record(name, config, question_aware, ratio, entries, seconds, stats, slots, memory),
+            "eval": asdict(self.settings),
+            "questions": questions,
+            "summary": {
+                "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
+                "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
+                "choice_accuracy_normalised": mean(float(q["choice_correct_normalised"]) for q in questions),
+                "mean_retention": mean(q["retention"] for q in usable),
+                "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
+                "questions": len(questions),
+                "weak_questions": len(questions) - len(usable),
+            },
+        }
+
+    def run_record(
+        self, name, config, question_aware, ratio, entries, seconds, stats, slots=None, memory=None
+    ) -> dict[str, Any]:
+        """What every run's record holds however it was scored: the unit, the method and its config, the ratio asked
+        and achieved, the entries and bytes kept, the seconds and the optimiser's statistics (`result`'s arguments)."""
+        span_tokens = self.end - self.start
         return {
             "transcript": self.transcript.id,
             "split": self.transcript.split,
@@ -298,21 +322,10 @@ class TranscriptEval:
             "question_aware": question_aware,
             "turns": list(self.turns),
             "config": config,
-            "eval": asdict(self.settings),
             "vkv_version": __version__,
             "optimisation": {k: v for k, v in stats.items() if k not in ("trace", "text_report")} if stats else {},
             "loss_trace": stats.get("trace", []) if stats else [],
             **({"text_report": stats["text_report"]} if "text_report" in stats else {}),
-            "questions": questions,
-            "summary": {
-                "keyword_accuracy": mean(float(q["keyword_correct"]) for q in questions),
-                "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
-                "choice_accuracy_normalised": mean(float(q["choice_correct_normalised"]) for q in questions),
-                "mean_retention": mean(q["retention"] for q in usable),
-                "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
-                "questions": len(questions),
-                "weak_questions": len(questions) - len(usable),
-            },
         }
 
     def distance(self, q: Question) -> tuple[int | None, int | None]:

@@ -484,6 +484,24 @@ def followup(
     return full[len(rendered.ids) :], text
 
 
+def assistant_prompt_length(
+    tokenizer, rendered: Rendered, transcript: Transcript, turn: int, chat_format: ChatFormat | None = None
+) -> int:
+    """Tokens at the start of message `turn` that the chat template writes to prompt the assistant
+    (`add_generation_prompt` after the messages before it): given to a model when it answers, not predicted by it.
+    0 when that prompt does not tokenise as the message's own opening, so every token of the message counts."""
+    fmt = chat_format or ChatFormat(tokenizer)
+    chats = [fmt.to_chat(m) for m in transcript.messages[:turn]]
+    where = transcript.path or transcript.id
+    text = fmt.render_text(chats, add_generation_prompt=True)
+    ids = encode(tokenizer, text, plain_ranges(fmt, chats, text, where, add_generation_prompt=True), where)
+    span = rendered.spans[turn]
+    head = ids[span.start :]
+    if ids[: span.start] != rendered.ids[: span.start] or rendered.ids[span.start : span.start + len(head)] != head:
+        return 0
+    return len(head) if len(head) < span.length else 0
+
+
 def continuation_ids(tokenizer, prompt_text: str, continuation: str) -> list[int]:
     """Ids of `continuation` as it tokenises after `prompt_text` (leading space included); control-token text in
     the continuation stays text."""
