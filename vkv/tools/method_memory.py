@@ -152,20 +152,11 @@ class _Sizes:
         return group * min(self.span, max(1, cap // group))
 
 
-def _sizes(config, window: int, ratio: float, chunk: int, itemsize: int) -> _Sizes:
-    s = Shapes.from_config(config)
-    piece = min(chunk, window)
-    chunks = math.ceil(window / piece)
-    return _Sizes(
-        s,
-        config,
-        window,
-        window,
-        piece + REQUEST_TOKENS,
-        window + chunks * REQUEST_TOKENS,
-        itemsize,
-        entries_at(window, ratio),
-    )
+def _sizes(config, window: int, span: int, ratio: float, chunk: int, itemsize: int) -> _Sizes:
+    piece = min(chunk, span)
+    fed = span + math.ceil(span / piece) * REQUEST_TOKENS
+    budget = entries_at(span, ratio)
+    return _Sizes(Shapes.from_config(config), config, window, span, piece + REQUEST_TOKENS, fed, itemsize, budget)
 
 
 def prefill_stage(z: _Sizes) -> tuple[str, int, str]:
@@ -270,7 +261,7 @@ def kvopt_stages(z: _Sizes, quant: str) -> list[tuple[str, int, str]]:
 def vkv_stages(z: _Sizes, config, quant: str, device: str, ratio: float) -> list[tuple[str, int, str]]:
     verbatim = HeadSplit.of(z.budget, DEFAULT_VERBATIM_SHARE).verbatim
     am = [(f"am verbatim: {name}", size, how) for name, size, how in am_stages(z, verbatim)]
-    p = plan(config, quant=quant, window=z.window, ratio=ratio, device=device)
+    p = plan(config, quant=quant, window=z.window, span=z.span, ratio=ratio, device=device)
     return [
         *am,
         ("target pass", p.target_pass, "vkv plan's target pass"),
@@ -290,17 +281,22 @@ def plan_method(
     ratio: float = DEFAULT_RATIO,
     device: str = "cuda",
     chunk: int = DEFAULT_CHUNK,
+    span: int | None = None,
     capacity_gib: float | None = None,
     name: str = "",
 ) -> MethodPlan:
-    """`method`'s planned memory compressing a whole `window` at `ratio` on `device`."""
+    """`method`'s planned memory compressing the last `span` tokens (default: all) of a `window` at `ratio` on
+    `device`."""
     if method not in METHODS:
         raise VkvError(f"--method {method}: choose one of {', '.join(METHODS)} or all")
     if quant not in WEIGHT_BYTES:
         raise VkvError(f"--quant {quant}: choose one of {', '.join(WEIGHT_BYTES)}")
     cuda = device.startswith("cuda")
     itemsize = 2 if cuda or quant in ("bf16", "fp16") else 4  # as `memory.plan`: bitsandbytes loads fp16 on CUDA
-    z = _sizes(config, window, ratio, chunk, itemsize)
+    span = window if span is None else span
+    if not 0 < span <= window:
+        raise VkvError(f"--span {span}: need 0 < span ≤ window ({window})")
+    z = _sizes(config, window, span, ratio, chunk, itemsize)
     s = z.s
     stages = [prefill_stage(z)]
     if method == "kvzip":
@@ -382,8 +378,6 @@ def run_method_plans(config: PlanConfig, model_config, console: Console | None =
     """`vkv plan --method`: each method's planned peak at `config.window` (the whole window compressed); 1 when
     any does not fit `config.memory` GiB."""
     console = console or Console(width=None if sys.stdout.isatty() else 120)
-    if config.span is not None and config.span != config.window:
-        raise VkvError(f"--span {config.span}: --method plans the whole window compressed; leave --span out")
     methods = METHODS if config.method == "all" else (config.method,)
     plans = [
         plan_method(
@@ -394,6 +388,7 @@ def run_method_plans(config: PlanConfig, model_config, console: Console | None =
             ratio=config.ratio,
             device=config.device,
             chunk=config.chunk,
+            span=config.span,
             capacity_gib=config.memory,
             name=config.model,
         )
