@@ -19,8 +19,10 @@ from transformers import AutoConfig
 
 from vkv.compress.budget import DEFAULT_RATIO, entries_at
 from vkv.compress.precision import cpu_has_amx
+from vkv.compress.reconstruction import chunk_setting
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
+from vkv.lm.capture import LOGIT_ROWS
 from vkv.lm.load import DEFAULT_MODEL, resolve_model_path
 from vkv.lm.shapes import SHAPES
 from vkv.lm.spec import prefill_bytes, spec_from_config
@@ -30,6 +32,8 @@ GIB = 2**30
 
 # The shipped shapes by the hub id of their model, so `vkv plan` needs neither the hub nor the weights.
 PRESETS = {shape.hub_id: shape for shape in SHAPES.values() if shape.hub_id}
+# The methods `vkv plan --method` plans (tools/method_memory.py), each from what its code allocates.
+PLANNED_METHODS = ("kvzip", "am", "kvopt", "vkv")
 WEIGHT_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "8bit": 1.0, "4bit": 0.5}
 
 
@@ -141,7 +145,7 @@ class MemoryPlan:
                 "target pass (transient)",
                 s.target_pass,
                 f"one layer's activations over {s.window} tokens, "
-                f"the span's logits for surprisal, captured V/K of {s.span} tokens",
+                f"{min(s.span + 1, LOGIT_ROWS)} rows of logits for surprisal, captured V/K of {s.span} tokens",
             ),
             (
                 "activations kept for backward",
@@ -241,7 +245,9 @@ def plan(
 
     kv_per_token = s.layers * 2 * s.kv_heads * s.head_dim * unquantised
     target_pass = (
-        prefill_bytes(spec_from_config(config), s.intermediate, window, span + 1, unquantised, activation)
+        prefill_bytes(
+            spec_from_config(config), s.intermediate, window, min(span + 1, LOGIT_ROWS), unquantised, activation
+        )
         - window * kv_per_token  # counted as window_kv
         + 2 * s.layers * s.kv_heads * span * s.head_dim * 4  # captured V and pre-RoPE K, fp32
     )
@@ -333,6 +339,13 @@ class PlanConfig:
     )
     batch: int = setting(1, "spans optimised together", minimum=1)
     memory: float = setting(32.0, "device memory in GiB", minimum=0, above=True)
+    method: str | None = setting(
+        None,
+        "plan each method's peak, stage by stage: kvzip, am, kvopt, vkv or all (default: vkv's virtual-token "
+        "optimisation in detail)",
+        choices=(*PLANNED_METHODS, "all"),
+    )
+    chunk: int = chunk_setting()
     json: str | None = setting(None, "also write the plan here")
 
 
@@ -356,6 +369,10 @@ def run_plan(config: PlanConfig) -> int:
         name=config.model,
         precision=config.precision,
     )
+    if config.method is not None:
+        from vkv.tools.method_memory import run_method_plans  # it builds on this module's plan
+
+        return run_method_plans(config, model_config, console)
     p = plan(model_config, window=config.window, span=config.span, **common)
     console.print(plan_table(p))
     worst = worst_span(model_config, window=config.window, **common)
