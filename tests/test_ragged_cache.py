@@ -182,6 +182,18 @@ def test_logits_equal_the_padded_reference(tiny, name):
     torch.testing.assert_close(ragged.feed(ids[5:]), both[5:].float(), atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["mixed", "head-wise virtual"])
+def test_a_long_feed_attended_a_few_rows_at_a_time_equals_the_padded_reference(tiny, name, monkeypatch):
+    from vkv.lm import ragged_attention
+
+    spliced = caches(tiny)[name]
+    ids = [11, 207, 5, 998, 42, 7, 300, 12, 19]
+    monkeypatch.setattr(ragged_attention, "SCORE_ELEMENTS", 3 * tiny.spec.num_kv_heads * (spliced.next_position + 9))
+    torch.testing.assert_close(
+        Context(tiny, spliced).feed(ids), padded_logits(tiny, spliced, ids).float(), atol=1e-5, rtol=0
+    )
+
+
 @pytest.mark.parametrize("name", ["compact", "mixed"])
 def test_generate_gives_the_padded_references_tokens(tiny, name):
     spliced = caches(tiny)[name]

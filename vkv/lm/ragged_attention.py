@@ -19,6 +19,7 @@ from vkv.errors import VkvError
 from vkv.kv.ragged import RAGGED_TAG, RaggedLayer
 
 MASKED = float("-inf")
+SCORE_ELEMENTS = 2**26  # attention scores held at once (KV heads × folded query rows × entries): 256 MiB in float32
 
 
 def eager_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -47,7 +48,9 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
 
     The entries stay where they lie: the flat ones in one product of every KV head's queries with all heads' entries,
     each head's row masked to its own (`FlatHeads.head_bias`), the dense and fed ones in their own products; one
-    softmax over the scores side by side. Nothing the layer holds is copied, so a decoding step costs the products."""
+    softmax over the scores side by side. Nothing the layer holds is copied, so a decoding step costs the products;
+    a long feed (a prefill or a read-out on a long cache) is attended a block of query rows at a time, so no
+    tokens × entries matrix per head is held whole."""
     if module.training and dropout:
         raise VkvError("ragged attention is for decoding and scoring: dropout in training mode is not implemented")
     layer: RaggedLayer = getattr(key, RAGGED_TAG)
@@ -58,6 +61,28 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
     folded = query.reshape(batch, kv_heads, rows, dim)
     scale = dim**-0.5 if scaling is None else scaling
     tail = _tail_mask(attention_mask, heads, group, q, layer.appended, torch.float32, folded.device)
+    width = (layer.flat.keys.shape[0] if layer.flat is not None else 0) + layer.loaded + key.shape[-2]
+    step = max(1, SCORE_ELEMENTS // (batch * kv_heads * width))  # rows whose scores are held at once
+    out = torch.cat(
+        [
+            _attend_rows(
+                layer,
+                folded[:, :, lo : lo + step],
+                key,
+                value,
+                None if tail is None else tail[..., lo : lo + step, :],
+                scale,
+            )
+            for lo in range(0, rows, step)
+        ],
+        dim=2,
+    )
+    return out.view(batch, kv_heads, group, q, dim).permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim), None
+
+
+def _attend_rows(layer: RaggedLayer, folded, key, value, tail, scale: float) -> torch.Tensor:
+    """`ragged_attention` for some of the folded query rows `[batch, kv_heads, r, head_dim]` (`tail`: their rows of
+    the mask) → `[batch, kv_heads, r, head_dim]`: one softmax over the flat, dense and fed entries side by side."""
     scores, values = [], []
     if layer.flat is not None:
         flat = layer.flat
@@ -75,7 +100,7 @@ def ragged_attention(module, query, key, value, attention_mask, scaling=None, dr
     for part, v in zip(scores, values):
         share = weights[..., start : start + part.shape[-1]] @ v
         out, start = (share if out is None else out + share), start + part.shape[-1]
-    return out.view(batch, kv_heads, group, q, dim).permute(0, 3, 1, 2, 4).reshape(batch, q, heads, dim), None
+    return out
 
 
 def _tail_mask(
