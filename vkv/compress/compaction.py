@@ -42,7 +42,7 @@ NNLS_BOUNDS = {
     "omp": (1e-12, math.exp(7), 0),
 }
 SCORE_ELEMENTS = 2**26  # attention scores held at once (rows × queries × entries): 256 MiB in float32
-GRAM_DTYPE = torch.float64
+GRAM_DTYPE = torch.float32  # the reference's; float64 changed no read-out error on the test model (RESULTS)
 GRAM_ELEMENTS = 2**26  # normal-equation entries of the rows fitted together (a wider row is fitted alone)
 
 
@@ -236,8 +236,8 @@ def _fit_bias(bias: str, selection: str, stats: RowStats, real: torch.Tensor, ch
             if bias == "fit":  # every query's relative mass weighs the same: Σ_j P_qj w_j ≈ 1
                 a = a / stats.mass[:, part, None]
             a = a.to(GRAM_DTYPE)
-            g, r = a.transpose(1, 2) @ a, (a.sum(1) if bias == "fit" else (a * stats.mass[:, part, None]).sum(1))
-            gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
+            r = a.sum(1) if bias == "fit" else (a * stats.mass[:, part, None]).sum(1)
+            gram, rhs = _accumulate(gram, a), r if rhs is None else rhs + r
         if bias == "nnls":
             w = bounded_nnls(gram, rhs, *NNLS_BOUNDS[selection], real=real)
         else:
@@ -250,6 +250,11 @@ def _fit_bias(bias: str, selection: str, stats: RowStats, real: torch.Tensor, ch
     return beta.masked_fill(~real, MASKED)
 
 
+def _accumulate(gram: torch.Tensor | None, a: torch.Tensor) -> torch.Tensor:
+    """gram + aᵀa for a chunk of a design `a` `[R, q, c]`, in place: no second `[R, c, c]` is held."""
+    return a.transpose(1, 2) @ a if gram is None else gram.baddbmm_(a.transpose(1, 2), a)
+
+
 def _refit_values(
     beta: torch.Tensor, real: torch.Tensor, stats: RowStats, chunks, ridge: float, kept_values: torch.Tensor
 ) -> torch.Tensor:
@@ -258,8 +263,8 @@ def _refit_values(
     gram, rhs = None, None
     for scores, part in chunks():
         p = (scores + beta[:, None, :]).softmax(-1).to(GRAM_DTYPE)
-        g, r = p.transpose(1, 2) @ p, p.transpose(1, 2) @ stats.outputs[:, part].to(GRAM_DTYPE)
-        gram, rhs = (g, r) if gram is None else (gram + g, rhs + r)
+        r = p.transpose(1, 2) @ stats.outputs[:, part].to(GRAM_DTYPE)
+        gram, rhs = _accumulate(gram, p), r if rhs is None else rhs + r
     return torch.where(real[..., None], solve_normal(gram, rhs, real, ridge, kept_values), kept_values[:, :1])
 
 

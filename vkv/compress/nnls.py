@@ -4,7 +4,8 @@ that vkv's own biases use.
 
 Precision (compress/precision.py states the rule): the normal equations arrive accumulated in float32 on the model's
 device, as the reference computes its designs; they are factorised in float64, a c × c solve that costs little beside
-the m × c² products that built them and keeps the factorisation from adding its own float32 error to theirs."""
+the m × c² products that built them and keeps the factorisation from adding its own float32 error to theirs (a nearly
+singular design then needs less jitter)."""
 
 from __future__ import annotations
 
@@ -24,25 +25,27 @@ def solve_normal(
     `rhs` `[B, c, k]`, λ = max(`ridge`, JITTER) × the mean diagonal of each system's `real` `[B, c]` unknowns (all by
     default); an unknown that is not real (a padding slot of a head-wise budget) is 0. A system whose factorisation
     still fails (a singular design) is retried alone with more jitter. Returns float32."""
-    gram, rhs = gram.double(), rhs.double()
+    gram, rhs = gram.to(torch.float64, copy=True), rhs.double()  # the caller's equations are left as they were
     diagonal = gram.diagonal(dim1=-2, dim2=-1)
     if real is None:
         real = torch.ones(diagonal.shape, dtype=torch.bool, device=gram.device)
     scale = ((diagonal * real).sum(-1) / real.sum(-1).clamp_min(1)).clamp_min(1e-300)  # [B]
-    keep = (real[:, :, None] & real[:, None, :]).double()
-    gram = gram * keep + torch.diag_embed((~real).double() * scale[:, None])  # padding: its own unit system
+    gram.masked_fill_(~real[:, :, None], 0.0).masked_fill_(~real[:, None, :], 0.0)
+    diagonal.add_((~real).double() * scale[:, None])  # padding: its own unit system
     rhs = rhs * real[..., None]
     if ridge > 0 and toward is not None:
         rhs = rhs + ridge * scale[:, None, None] * toward.double() * real[..., None]
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     out = torch.empty_like(rhs)
     todo = torch.arange(gram.shape[0], device=gram.device)
+    added = 0.0
     for jitter in (max(ridge, JITTER), 1e-6, 1e-3):
-        system = gram[todo] + jitter * scale[todo, None, None] * eye
+        diagonal.add_((jitter - added) * scale[:, None])  # only the systems still unsolved are factorised again
+        added = jitter
+        system = gram if len(todo) == gram.shape[0] else gram[todo]
         factor, info = torch.linalg.cholesky_ex(system)
         solved = info == 0
         out[todo[solved]] = torch.cholesky_solve(rhs[todo[solved]], factor[solved])
-        todo = todo[~solved]
+        todo, factor = todo[~solved], None
         if not len(todo):
             return out.float()
     raise ValueError("the least-squares system of a compacted head is not positive definite (non-finite scores?)")

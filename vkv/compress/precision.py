@@ -6,12 +6,12 @@ The rule, in every dtype users run (fp32, bf16, fp16, 8-bit weights with fp16 or
   computes is what is matched;
 - **in float32**: what is added to or normalises attention logits (masks, entry biases β, the softmax's shift and
   normaliser: `lm/kernel.py`'s `attend`), the statistics a fit is built on (each reference query's attention, mass and
-  read-out over the span, accumulated a chunk of queries at a time), and the parameters an optimiser moves (virtual
-  embeddings, kvopt's free entries), as the reference implementations keep them;
-- **in float64**: only the normal equations of attention matching's least-squares steps (β and the refitted values,
-  `compress/compaction.py`) and their small c × c factorisations, because their designs are ill-conditioned enough
-  that float32 normal equations lose a factor of 2–10 in read-out error (measured in evals/RESULTS.md); the products
-  are taken a chunk of queries at a time on the model's device.
+  read-out over the span, accumulated a chunk of queries at a time), the normal equations of attention matching's
+  least-squares steps (β and the refitted values, `compress/compaction.py`), as the reference builds its designs, and
+  the parameters an optimiser moves (virtual embeddings, kvopt's free entries);
+- **in float64**: only the small c × c factorisations of those normal equations (`compress/nnls.py`), which cost
+  little beside the products that built them. Accumulating the equations themselves in float64 changed no read-out
+  error on the test model and costs 64× on GPUs without fast float64 (evals/RESULTS.md).
 
 Optimisations run their activations in bf16 where its matmuls are fast (`uses_bf16`), else in the model's dtype."""
 

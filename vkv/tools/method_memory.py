@@ -6,8 +6,8 @@ Every method holds the weights and the window's KV cache, and on top of them one
 - prefill: the decoder's forward over the window (lm/capture.py), its surprisal logits a block of LOGIT_ROWS
   positions at a time; the span's V and pre-RoPE K go to the host in float32;
 - read-out (compress/reconstruction.py): each chunk of the span, after its request, fed on top of a device copy of the
-  whole span's cache (the ragged cache it extends); the attention's float32 scores of every part, their concatenation
-  and softmax, or one layer's MLP, or the chunk's logits, whichever is largest; then the scores, a block of queries
+  whole span's cache (the ragged cache it extends); the attention's float32 scores of a block of query rows (within
+  the ragged attention's SCORE_ELEMENTS), their concatenation and softmax, or one layer's MLP, or the chunk's logits, whichever is largest; then the scores, a block of queries
   within SCORE_ELEMENTS at a time, against float32 keys repeated over the query heads. Its queries are kept on the
   host in float32, every layer's;
 - am (compress/attention_matching.py, compaction.py, on_policy.py): the span's K/V in float32 and the reference
@@ -44,6 +44,7 @@ from vkv.compress.reference_queries import REFERENCE_CAP
 from vkv.errors import VkvError
 from vkv.io import write_json_atomic
 from vkv.lm.capture import LOGIT_ROWS
+from vkv.lm.ragged_attention import SCORE_ELEMENTS as RAGGED_SCORE_ELEMENTS
 from vkv.lm.spec import prefill_bytes, spec_from_config
 from vkv.methods.kvopt import KVOPT_QUERIES
 from vkv.tools.memory import (
@@ -171,7 +172,7 @@ def read_out_stage(z: _Sizes, beside: int = 0, what: str = "") -> tuple[str, int
     s, f = z.s, z.chunk
     width = z.window + f  # the context, the span and the chunk fed on it
     cache = width * z.kv_per_token
-    attention = s.heads * f * width * 3 * F32
+    attention = min(s.heads * f * width, RAGGED_SCORE_ELEMENTS) * 3 * F32  # a block of rows' scores, cat, softmax
     mlp = 3 * f * s.intermediate * z.itemsize
     logits = f * s.vocab * (z.itemsize + F32)
     score_rows = min(f, max(1, READ_OUT_SCORE_ELEMENTS // (s.heads * width)))
