@@ -9,8 +9,10 @@ The rule, in every dtype users run (fp32, bf16, fp16, 8-bit weights with fp16 or
   read-out over the span, accumulated a chunk of queries at a time), the normal equations of attention matching's
   least-squares steps (β and the refitted values, `compress/compaction.py`), as the reference builds its designs, and
   the parameters an optimiser moves (virtual embeddings, kvopt's free entries);
-- **in float64**: only the small c × c factorisations of those normal equations (`compress/nnls.py`), which cost
-  little beside the products that built them. Accumulating the equations themselves in float64 changed no read-out
+- **in float64**: the small c × c factorisations of those normal equations (`compress/nnls.py`) and OMP's growing one
+  (`compress/omp.py`), which cost little beside the products that built them; and the design of vkv's bias fit for
+  virtual tokens (`compaction.fit_bias`), whose free keys can be far louder than the span's (exp overflows float32).
+  Accumulating the equations themselves in float64 changed no read-out
   error on the test model and costs 64× on GPUs without fast float64 (evals/RESULTS.md).
 
 Optimisations run their activations in bf16 where its matmuls are fast (`uses_bf16`), else in the model's dtype."""
