@@ -114,21 +114,6 @@ def parse_list(text: str, cast, what: str) -> list:
         raise VkvError(f"--{what} {text!r}: expected a comma-separated list") from None
 
 
-def positions_for(name: str | None, device: str = "auto") -> int | None:
-    """How many positions `name` (vkv's default model when None) was trained on, read from its config without loading
-    weights; None when the config does not say or cannot be read (the model load then reports why)."""
-    from transformers import AutoConfig
-
-    from vkv.lm.load import default_model, resolve_model_path
-
-    path, local = resolve_model_path(name or default_model(device))
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=local)
-    except (OSError, ValueError):
-        return None
-    return getattr(config, "max_position_embeddings", None)
-
-
 def tokenizer_for(name: str | None, device: str = "auto"):
     """The tokenizer of `name` (of vkv's default model when None, where a GPU can run it)."""
     from transformers import AutoTokenizer

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from vkv.cli.common import console, positions_for, tokenizer_for, write_json
+from vkv.cli.common import console, tokenizer_for, write_json
 from vkv.settings import add_arguments, from_args, setting
 from vkv.text.transcript import load_transcript, render
 
@@ -26,12 +26,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     config = from_args(RenderConfig, args)
     transcript = load_transcript(args.transcript)
     lm_tokenizer = tokenizer_for(config.model)
-    rendered = render(
-        transcript,
-        lm_tokenizer,
-        max_tokens=positions_for(config.model),
-        remedy="render a window of it, which `vkv compress --window` or `vkv eval --window` cut",
-    )
+    rendered = render(transcript, lm_tokenizer)  # any length: the spans say where to cut windows for the model
     table = Table(title=f"{transcript.id}: {len(rendered.ids)} tokens, {len(rendered.spans)} messages")
     for col, justify in (
         ("turn", "right"),

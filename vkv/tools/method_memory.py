@@ -13,8 +13,8 @@ Every method holds the weights and the window's KV cache, and on top of them one
 - am (compress/attention_matching.py, compaction.py, on_policy.py): the span's K/V in float32 and the reference
   queries `[layers, kv_heads, m, head_dim]` float32 on the device, per-layer statistics within SCORE_ELEMENTS, then
   the read-out run layer by layer (lm/layerwise.py: every chunk's hidden states and one layer's projections at once)
-  with each layer fitted on its on-policy queries: score blocks within SCORE_ELEMENTS (float32, and float64 for the
-  normal equations) and normal equations within GRAM_ELEMENTS in float64, or one row's own when it is wider;
+  with each layer fitted on its on-policy queries: score blocks within SCORE_ELEMENTS (float32) and normal equations
+  within GRAM_ELEMENTS (float32, factorised in float64), or one row's own when it is wider;
 - kvopt (compress/kvopt.py, methods/kvopt.py): am's queries (capped lower), each layer's read-outs, Adam on the free
   keys, values and biases, then the distillation stage: the model's forward and backward over a step of probe tokens
   attending to the compressed cache;
@@ -189,11 +189,12 @@ def read_out_stage(z: _Sizes, beside: int = 0, what: str = "") -> tuple[str, int
 
 def _fit_bytes(rows: int, queries: int, width: int) -> int:
     """One `compact_rows` group of `rows` rows keeping `width` entries each, over `queries` queries: the
-    statistics and the fit's score blocks (float32 then float64) within FIT_SCORE_ELEMENTS, and normal equations
-    within GRAM_ELEMENTS or one row's own (the sum, the block's and the solver's copy, float64)."""
+    statistics and the fit's score blocks (the scores and the design, float32) within FIT_SCORE_ELEMENTS, and normal
+    equations within GRAM_ELEMENTS or one row's own (accumulated in place in float32, then the solver's float64 copy
+    and its float64 factor)."""
     block = min(rows * queries * width, FIT_SCORE_ELEMENTS)
     gram = max(min(rows * width * width, GRAM_ELEMENTS), width * width)
-    return block * (F32 + F64) + 3 * gram * F64
+    return 2 * block * F32 + gram * (F32 + 2 * F64)
 
 
 def am_stages(z: _Sizes, budget: int, cap: int = REFERENCE_CAP) -> list[tuple[str, int, str]]:
@@ -225,7 +226,7 @@ def am_stages(z: _Sizes, budget: int, cap: int = REFERENCE_CAP) -> list[tuple[st
             "on-policy fit",
             on_policy,
             f"{z.fed} read-out tokens' hidden states and one layer's projections; a layer's fit with a head "
-            f"of up to {widest} entries (head_cap {AM_HEAD_CAP:g} of the span) in float64 normal equations",
+            f"of up to {widest} entries (head_cap {AM_HEAD_CAP:g} of the span): float32 normal equations, float64 factors",
         ),
     ]
 
