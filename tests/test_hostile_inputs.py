@@ -35,7 +35,7 @@ def prepare(tmp: Path) -> dict[str, Path]:
 
 # (label, argv with {tmp} for the test's directory, text the one sentence must hold)
 ROWS = [
-    ("missing cache", ["inspect", "{tmp}/nothing.safetensors"], "no such cache file"),
+    ("missing cache", ["inspect", "{tmp}/nothing.safetensors"], "no such file"),
     ("cache is a directory", ["inspect", "{tmp}/adir"], "no such cache file"),
     ("cache is noise", ["inspect", "{tmp}/noise.safetensors"], "not a readable safetensors file"),
     (

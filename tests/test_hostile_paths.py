@@ -234,7 +234,7 @@ def test_chat_save_refuses_its_source_and_a_foreign_file(smol, tmp_path, capsys,
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     lines = [f"/save {tmp_path / 't.json'}", f"/save {tmp_path / 'notes.txt'}"]
     monkeypatch.setattr("sys.stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
-    code = main(["chat", str(tmp_path / "t.json"), *MODEL, "--max-new-tokens", "4", "--steps", "1"])
+    code = main(["chat", str(tmp_path / "t.json"), *MODEL, "--method", "vkv", "--max-new-tokens", "4", "--steps", "1"])
     out = capsys.readouterr().out.replace("\n", " ")
     assert code == 0 and out.count("not saved") == 2, out
     assert "the chat's source" in out and "a text file" in out

@@ -204,9 +204,11 @@ def test_answering_stops_at_its_deadline_with_what_it_has(tiny_llama):
 def test_ask_refuses_unbounded_or_empty_requests_before_reading_the_cache(tmp_path, capsys, argv, said):
     from vkv.cli import main
 
-    assert main(["ask", str(tmp_path / "absent.safetensors"), *argv]) == 2
+    cache = tmp_path / "unread.safetensors"
+    cache.write_bytes(b"not read: the request is refused first")
+    assert main(["ask", str(cache), *argv]) == 2
     err = capsys.readouterr().err
-    assert said in err and "absent.safetensors" not in err
+    assert said in err and "unread.safetensors" not in err
 
 
 def test_a_shard_count_far_beyond_the_grid_costs_no_memory():

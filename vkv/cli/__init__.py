@@ -21,10 +21,9 @@ from rich.markup import escape
 
 from vkv.cli.cached import cached_parser
 from vkv.cli.consoles import errors
-from vkv.errors import VkvError
+from vkv.errors import VkvError, too_long_remedy
 from vkv.home import check_home
 from vkv.io import check_output, forcing
-from vkv.text.transcript import too_long_remedy
 from vkv.upgrade import old_flag
 
 COMMAND_MODULES = (

@@ -140,11 +140,13 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
         raise VkvError(f"--store embeddings is for vkv's virtual tokens (--method vkv), not method '{name}'")
     method = build_method(cls, plan, args, given)
     transcript = load_transcript(args.transcript)
+    # the span's length, and so a ratio it cannot take, is known from the tokenizer before the model loads
+    tokenizer = tokenizer_for(command.model.model, command.model.device)
     if command.window:
-        transcript = _pick_window(
-            tokenizer_for(command.model.model, command.model.device), transcript, command.window, command.window_index
-        )
+        transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
     turns = parse_turn_span(command.span, transcript)
+    start, end = render(transcript, tokenizer).token_span(*turns)
+    span_budget(end - start, command.ratio)
     lm = load_model_from(command.model)
     start = time.perf_counter()
     with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} by {name}"):

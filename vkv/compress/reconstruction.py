@@ -100,12 +100,13 @@ class ReconstructionPass:
             with stage("read-out", lm.device), projection_hooks(lm, 0, len(fed), queries=True) as store:
                 context.feed(fed)
             q = torch.stack(store["queries_pre_rope"])  # [layers, heads, fed, head_dim]
-            with stage("scoring", lm.device):
-                if score and normalise == "chunk":
-                    s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
-                elif score:
-                    s = chunk_scores(lm, context, q[:, :, first:], at[first:], torch.arange(first, len(fed)), len(span))
             if score:
+                with stage("scoring", lm.device):
+                    if normalise == "chunk":
+                        s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
+                    else:
+                        rows = torch.arange(first, len(fed))
+                        s = chunk_scores(lm, context, q[:, :, first:], at[first:], rows, len(span))
                 scores = s if scores is None else torch.maximum(scores, s)
             queries.append(q[:, :, first:])
             positions.append(at[first:])

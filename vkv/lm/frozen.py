@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from vkv.errors import VkvError
+from vkv.errors import TOO_LONG_REMEDY, VkvError
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
@@ -28,7 +28,6 @@ from vkv.lm.kernel import (
 )
 from vkv.lm.ragged_attention import use_ragged_attention
 from vkv.lm.spec import fingerprint, prefill_bytes, spec_from_config
-from vkv.text.transcript import TOO_LONG_REMEDY
 
 FAST_PATH_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")  # decoder layers forward_kv may run directly
 

@@ -10,14 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vkv.errors import VkvError
+from vkv.errors import TOO_LONG_REMEDY, VkvError
 from vkv.io import check_plain, check_printable, parse_json, read_input
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -73,24 +70,6 @@ class Transcript:
         """Turns compressed by default: every message after the leading system message."""
         first = 1 if self.messages and self.messages[0].role == "system" else 0
         return first, len(self.messages)
-
-
-# How a refusal of a text beyond the model's positions ends: what the running command lets its user do about it. Only
-# the command knows whether it has a --window flag and whether one was given, so the command line sets this for each
-# command (`too_long_remedy`); library calls get a sentence that names no flag.
-TOO_LONG_REMEDY: ContextVar[str] = ContextVar(
-    "too_long_remedy", default="pass fewer messages (vkv.text.windows cuts a transcript into windows that fit)"
-)
-
-
-@contextmanager
-def too_long_remedy(remedy: str) -> Iterator[None]:
-    """Within this block, refusals of texts beyond the model's positions end with `remedy`."""
-    token = TOO_LONG_REMEDY.set(remedy)
-    try:
-        yield
-    finally:
-        TOO_LONG_REMEDY.reset(token)
 
 
 # ---- loading and validation -------------------------------------------------------------------
