@@ -21,6 +21,7 @@ from vkv.kv.segment import verbatim_segment
 from vkv.lm.capture import projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
+from vkv.progress import counted
 from vkv.settings import setting
 from vkv.stages import stage
 
@@ -94,24 +95,29 @@ class ReconstructionPass:
         context_cache.append(verbatim_segment(span_kv, start))
         context = Context(lm, context_cache)  # the span is its last dense entries, as the model computed them
         queries, positions, scores, lo = [], [], None, 0
-        for fed, first in feeds:
-            piece = len(fed) - first  # the span's tokens [lo, lo + piece) are fed from row `first` on
-            at = torch.arange(len(fed)).float() + context.position
-            with stage("read-out", lm.device), projection_hooks(lm, 0, len(fed), queries=True) as store:
-                context.feed(fed)
-            q = torch.stack(store["queries_pre_rope"])  # [layers, heads, fed, head_dim]
-            if score:
-                with stage("scoring", lm.device):
-                    if normalise == "chunk":
-                        s = chunk_scores(lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece))
-                    else:
-                        rows = torch.arange(first, len(fed))
-                        s = chunk_scores(lm, context, q[:, :, first:], at[first:], rows, len(span))
-                scores = s if scores is None else torch.maximum(scores, s)
-            queries.append(q[:, :, first:])
-            positions.append(at[first:])
-            context.rewind(0)
-            lo += piece
+        label = f"read-out of {len(span)} tokens" + (", scored" if score else "")
+        with counted(label, len(feeds)) as done:
+            for fed, first in feeds:
+                piece = len(fed) - first  # the span's tokens [lo, lo + piece) are fed from row `first` on
+                at = torch.arange(len(fed)).float() + context.position
+                with stage("read-out", lm.device), projection_hooks(lm, 0, len(fed), queries=True) as store:
+                    context.feed(fed)
+                q = torch.stack(store["queries_pre_rope"])  # [layers, heads, fed, head_dim]
+                if score:
+                    with stage("scoring", lm.device):
+                        if normalise == "chunk":
+                            s = chunk_scores(
+                                lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece)
+                            )
+                        else:
+                            rows = torch.arange(first, len(fed))
+                            s = chunk_scores(lm, context, q[:, :, first:], at[first:], rows, len(span))
+                    scores = s if scores is None else torch.maximum(scores, s)
+                queries.append(q[:, :, first:])
+                positions.append(at[first:])
+                context.rewind(0)
+                lo += piece
+                done()
         return cls(torch.cat(queries, dim=2), torch.cat(positions), scores)
 
 
