@@ -144,57 +144,44 @@ def tune(
     probes: list[Probe],
     config: DistillConfig,
 ) -> list[float]:
-    """The end-to-end stage (`_tune`), timed as one stage."""
-    with stage("end-to-end", lm.device):
-        return _tune(lm, context, entries, params, end, probes, config)
-
-
-def _tune(
-    lm: FrozenLM,
-    context: KVPrefix,
-    entries: Callable[[], KVPrefix],
-    params: list[torch.Tensor],
-    end: int,
-    probes: list[Probe],
-    config: DistillConfig,
-) -> list[float]:
     """`config.steps` Adam steps on `params` (leaf tensors that `entries()` turns into the span's compressed entries,
     read after `context`) to minimise the mean KL over probes; `params` end holding the best iterate. Returns the loss
     trace, per step; with probes taken in turn (`step_tokens`), losses on different probes do not compare, so the
     loss over every probe comes first and last and the result is kept only if it fell (else `params` go back to their
     start)."""
-    start = [p.detach().clone() for p in params]
+    with stage("end-to-end", lm.device):
+        start = [p.detach().clone() for p in params]
 
-    def loss(chosen: list[Probe]) -> torch.Tensor:
-        return probe_loss(lm, context.cat(entries()), end, chosen)
+        def loss(chosen: list[Probe]) -> torch.Tensor:
+            return probe_loss(lm, context.cat(entries()), end, chosen)
 
-    turns = _in_turn(probes, config.step_tokens)
-    optimiser = torch.optim.Adam(params, lr=config.lr)
-    best, best_loss, trace = start, math.inf, []
-    if len(turns) > 1:
+        turns = _in_turn(probes, config.step_tokens)
+        optimiser = torch.optim.Adam(params, lr=config.lr)
+        best, best_loss, trace = start, math.inf, []
+        if len(turns) > 1:
+            with torch.no_grad():
+                trace.append(float(loss(probes)))
+        for step in range(config.steps + 1):
+            if len(turns) > 1 and step == config.steps:
+                break
+            value = loss(turns[step % len(turns)])
+            trace.append(float(value.detach()))
+            if len(turns) == 1 and trace[-1] < best_loss:
+                best, best_loss = [p.detach().clone() for p in params], trace[-1]
+            if step == config.steps or not math.isfinite(trace[-1]):
+                break
+            optimiser.zero_grad(set_to_none=True)
+            value.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimiser.step()
+        if len(turns) > 1:
+            with torch.no_grad():
+                trace.append(float(loss(probes)))
+            best = [p.detach().clone() for p in params] if trace[-1] < trace[0] else start
         with torch.no_grad():
-            trace.append(float(loss(probes)))
-    for step in range(config.steps + 1):
-        if len(turns) > 1 and step == config.steps:
-            break
-        value = loss(turns[step % len(turns)])
-        trace.append(float(value.detach()))
-        if len(turns) == 1 and trace[-1] < best_loss:
-            best, best_loss = [p.detach().clone() for p in params], trace[-1]
-        if step == config.steps or not math.isfinite(trace[-1]):
-            break
-        optimiser.zero_grad(set_to_none=True)
-        value.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimiser.step()
-    if len(turns) > 1:
-        with torch.no_grad():
-            trace.append(float(loss(probes)))
-        best = [p.detach().clone() for p in params] if trace[-1] < trace[0] else start
-    with torch.no_grad():
-        for param, kept in zip(params, best):
-            param.copy_(kept)
-    return trace
+            for param, kept in zip(params, best):
+                param.copy_(kept)
+        return trace
 
 
 def probe_loss(lm: FrozenLM, context: KVPrefix, end: int, probes: list[Probe]) -> torch.Tensor:
