@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vkv.evals.runner import span_work
+from vkv.compress.work import SpanWork
 from vkv.lm.context import Context
 from vkv.lm.load import load_model
 from vkv.lm.splice import splice
@@ -32,7 +32,7 @@ def main() -> None:
     lm = load_model("smollm2-135m", quant="fp32", device="cpu")
     window, rendered = pick_window(lm, Path(DEFAULT_TRANSCRIPT), args.window)
     start, end = rendered.token_span(*window.default_span())
-    work = span_work(lm, window, rendered, start, end)
+    work = SpanWork.capture(lm, rendered.ids, start, end, rendered.message_starts, rendered.message_roles)
     spliced = splice(lm, work.kv, start, end, get_method(args.method).compress(work, args.ratio), [])
     for padded in (False, True):
         context = Context(lm, spliced, padded=padded)

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
+from vkv.api.session import Session
 from vkv.compress.budget import span_budget
 from vkv.compress.compaction import Compaction
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_hybrid import HeadSplit, Verbatim
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_transcript_turns
-from vkv.compress.session import Session
 from vkv.compress.single import compress_span
 from vkv.compress.turn import message_turns, view_on_cache
 from vkv.compress.work import TurnWork

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from vkv.api.session import Session
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.blocks import span_blocks
 from vkv.compress.budget import entries_at
@@ -10,7 +11,6 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_weights
 from vkv.compress.sequential import FullHistory, MultiTurnConfig
-from vkv.compress.session import Session
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment

@@ -5,8 +5,8 @@ import io
 import pytest
 
 from tests.conftest import FIXTURES
+from vkv.api.session import Session
 from vkv.cli import main
-from vkv.compress.session import Session
 
 
 def _chat(monkeypatch, capsys, lines, *args):

@@ -45,7 +45,7 @@ def _read_until(fd: int, seen: bytearray, text: bytes, timeout: float = 300, mar
 
 @pytest.mark.integration
 def test_chat_on_a_terminal_survives_ctrl_c_and_leaves_on_ctrl_d(test_model_dir, smol, tmp_path, monkeypatch):
-    from vkv.compress.session import Session
+    from vkv.api.session import Session
 
     home = tmp_path / "home"
     home.mkdir()

@@ -1,4 +1,4 @@
-"""`vkv compress --method M` writes the entries `vkv eval --method M` scores: one code path (span_work,
+"""`vkv compress --method M` writes the entries `vkv eval --method M` scores: one code path (SpanWork.capture,
 Method.compress, splice) for every registered KV method, checked tensor for tensor on the test model."""
 
 import pytest

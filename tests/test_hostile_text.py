@@ -87,7 +87,7 @@ def test_questions_and_answer_choices_stay_plain_text(smol_tokenizer):
 
 
 def test_a_session_keeps_control_token_text_in_messages_and_questions_as_text(tiny_llama):
-    from vkv.compress.session import Session
+    from vkv.api.session import Session
 
     tokenizer = tiny_llama.tokenizer
     hostile, clean = Session(tiny_llama), Session(tiny_llama)

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from tests.conftest import shared_mass
+from vkv.api.session import Session
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress.session import Session
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.lm.capture import Activations

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vkv"
-LAYERS = ["kv", "lm", "text", "compress", "backends", "methods", "evals", "sweep", "tools", "cli"]
+LAYERS = ["kv", "lm", "text", "compress", "backends", "methods", "api", "evals", "sweep", "tools", "cli"]
 
 
 def vkv_imports(path: Path) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
+from vkv.api.session import Session
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_budget import per_head_index
@@ -18,7 +19,6 @@ from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress.session import Session
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.report import report_totals
 from vkv.kv.segment import Segment

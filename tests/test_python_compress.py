@@ -10,10 +10,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import vkv
 from tests.conftest import FIXTURES, build_tiny
+from vkv.api.compress import _kv_method
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress_api import _kv_method
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import METHODS, get_method

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from tests.conftest import build_tiny
+from vkv.api.session import Session
 from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
-from vkv.compress.session import Session
 from vkv.compress.turn import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval

@@ -6,7 +6,7 @@ import torch
 
 import vkv
 from tests.conftest import FIXTURES
-from vkv.compress.session import message_dict
+from vkv.api.session import message_dict
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import get_method

@@ -22,21 +22,21 @@ __version__ = "0.1.0"
 
 class _CallablePackage(ModuleType):
     """The package `vkv.compress` (an empty `__init__`, so importing it costs nothing), callable as the function
-    `vkv.compress_api.compress`: a plain function named `compress` here would be replaced by the subpackage as
+    `vkv.api.compress.compress`: a plain function named `compress` here would be replaced by the subpackage as
     soon as any of its modules is imported."""
 
     def __call__(self, *args, **kwargs):
-        return import_module("vkv.compress_api").compress(*args, **kwargs)
+        return import_module("vkv.api.compress").compress(*args, **kwargs)
 
     # help() and inspect show the function's parameters and documentation, not (*args, **kwargs); read when asked,
     # so that `import vkv` still imports nothing heavy
     @property
     def __signature__(self):
-        return signature(import_module("vkv.compress_api").compress)
+        return signature(import_module("vkv.api.compress").compress)
 
     @property
     def __doc__(self):
-        function = import_module("vkv.compress_api").compress
+        function = import_module("vkv.api.compress").compress
         return f"compress{signature(function)}\n\n{getdoc(function)}\n\n{_PACKAGE_DOC}"
 
 
@@ -52,7 +52,7 @@ _API = {
     "MultiTurnConfig": "vkv.compress.sequential",
     "compress_span": "vkv.compress.single",
     "compress_transcript": "vkv.compress.single",
-    "Session": "vkv.compress.session",
+    "Session": "vkv.api.session",
     "SplicedCache": "vkv.kv.spliced",
     "RaggedCache": "vkv.kv.ragged",
     "use_ragged_attention": "vkv.lm.ragged_attention",

@@ -19,12 +19,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from vkv.api.session import VIRTUAL_TOKENS, Session
 from vkv.cli.chat_loop import Chat
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, trust_foreign_setting
 from vkv.cli.compress import kv_methods
 from vkv.cli.method_flags import add_recipe_args, recipe_flags_given, recipe_from_args
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO
-from vkv.compress.session import VIRTUAL_TOKENS, Session
 from vkv.errors import VkvError
 from vkv.kv.file import trusted_header
 from vkv.lm.load import resolve_model_path

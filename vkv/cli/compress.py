@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.api.compress import compress_with
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
 from vkv.cli.method_flags import (
     add_recipe_and_method_args,
@@ -21,7 +22,6 @@ from vkv.cli.method_flags import (
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
 from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
 from vkv.compress.single import compress_transcript, render_within_positions
-from vkv.compress_api import compress_with
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
@@ -128,7 +128,7 @@ def cmd_compress(args: argparse.Namespace) -> int:
 
 
 def _compress_registered(command: CompressCommand, args: argparse.Namespace, plan, given) -> int:
-    """Any registered KV method, through the same steps as `vkv eval` (vkv.compress_api.compress_with)."""
+    """Any registered KV method, through the same steps as `vkv eval` (vkv.api.compress.compress_with)."""
     name, cls = command.method, METHODS[command.method]
     recipe_given = recipe_flags_given(args, set(given))  # a setting the method declares too is its own option
     if recipe_given and cls.recipe_class is None:

@@ -278,7 +278,7 @@ def compress_transcript_turns(
     plan.validate()
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
-    starts, roles = [s.start for s in rendered.spans], [s.role for s in rendered.spans]
+    starts, roles = rendered.message_starts, rendered.message_roles
     messages = message_turns(starts, roles, 0, len(rendered.ids))
     span = messages[turns[0] : turns[1]] if per_turn else [Turn(turns[0], turns[1], None, start, end)]
     budget = None if plan.auto_ratio else span_budget(end - start, ratio)

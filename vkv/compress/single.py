@@ -246,14 +246,15 @@ def compress_span(
     message_starts: list[int] | None = None,
     attention: torch.Tensor | None = None,
     on_step: Callable[[int, float], None] | None = None,
+    message_roles: list[str] | None = None,
 ) -> SplicedCache:
-    """Prefix verbatim, [start, end) virtual at `ratio`, everything after re-encoded on top: a SplicedCache of `ids`."""
+    """Prefix verbatim, [start, end) virtual at `ratio`, everything after re-encoded on top: a SplicedCache of `ids`
+    (`message_starts`, `message_roles`: each message's first token and role, where the recipe reads them)."""
     if not 0 <= start < end <= len(ids):
         raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
     budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
     config = config.validate()
-    acts, cache = capture_span(lm, torch.tensor(ids), start, end, keep_cache=True)
-    work = SpanWork(lm, list(ids), start, end, KVPrefix.from_cache(cache), acts, message_starts, attention=attention)
+    work = SpanWork.capture(lm, ids, start, end, message_starts, message_roles, config.optim.seed, attention)
     return splice(lm, work.kv, start, end, span_segment(work, config, budget, on_step), ids[end:])
 
 
@@ -275,8 +276,9 @@ def compress_transcript(
     """Render, compress messages [turns[0], turns[1]) at `ratio` and record what a cache file needs to be checked later."""
     rendered = render_within_positions(lm, transcript)
     start, end = rendered.token_span(*turns)
-    starts = [s.start for s in rendered.spans]
-    spliced = compress_span(lm, rendered.ids, start, end, ratio, config, starts, on_step=on_step)
+    spliced = compress_span(
+        lm, rendered.ids, start, end, ratio, config, rendered.message_starts, None, on_step, rendered.message_roles
+    )
     spliced.meta = cache_metadata(
         lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict(), ratio=ratio
     )

@@ -17,7 +17,7 @@ from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, compact_segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.attention import attention_weights, query_hooks
-from vkv.lm.capture import Activations
+from vkv.lm.capture import Activations, capture_span
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 
@@ -39,6 +39,35 @@ class SpanWork:
     kv_start: int = 0  # the position of kv's first entry (0: kv holds every token before `end`)
     _reusable: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     reused_seconds: float = field(default=0.0, init=False, repr=False, compare=False)
+
+    @classmethod
+    def capture(
+        cls,
+        lm: FrozenLM,
+        ids: list[int],
+        start: int,
+        end: int,
+        message_starts: list[int],
+        message_roles: list[str] | None = None,
+        seed: int = 0,
+        attention: torch.Tensor | None = None,
+    ) -> SpanWork:
+        """What every method is given to compress ids[start:end] of a rendered conversation: one forward pass over the
+        text up to the span's end (its K/V, the span's activations), never the questions. The one way a whole span's
+        work is built (`vkv eval`, `vkv score`, `vkv.compress`, `compress_span`)."""
+        acts, cache = capture_span(lm, ids, start, end, keep_cache=True)
+        return cls(
+            lm,
+            list(ids),
+            start,
+            end,
+            KVPrefix.from_cache(cache),
+            acts,
+            message_starts,
+            seed,
+            attention,
+            message_roles,
+        )
 
     def reuse(self, key: tuple, compute: Callable[[], Any]) -> Any:
         """`compute()`, computed once for this work and `key` (which must name everything the result depends on): a

@@ -64,23 +64,6 @@ class Measurement:
     fidelity_logp: torch.Tensor  # [positions, vocab]
 
 
-def span_work(lm: FrozenLM, transcript: Transcript, rendered, start: int, end: int, seed: int = 0) -> SpanWork:
-    """What every method is given to compress tokens [start, end) of a rendered transcript: one forward pass over the
-    text up to the span's end (its K/V, the span's activations), never the questions."""
-    acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
-    return SpanWork(
-        lm,
-        list(rendered.ids),
-        start,
-        end,
-        KVPrefix.from_cache(cache),
-        acts,
-        [s.start for s in rendered.spans],
-        seed=seed,
-        message_roles=[m.role for m in transcript.messages],
-    )
-
-
 class TranscriptEval:
     """One transcript prepared for scoring: rendering, span, prompts, shared work and both references."""
 
@@ -115,7 +98,16 @@ class TranscriptEval:
     def measure_references(self) -> None:
         """The shared work for the span, then the reference methods, measured once: the span kept whole (full) and
         dropped (none)."""
-        self.work = span_work(self.lm, self.transcript, self.rendered, self.start, self.end, self.settings.seed)
+        rendered = self.rendered
+        self.work = SpanWork.capture(
+            self.lm,
+            rendered.ids,
+            self.start,
+            self.end,
+            rendered.message_starts,
+            rendered.message_roles,
+            self.settings.seed,
+        )
         self.full, full_memory = self.measure(self.splice(self.work.keep(list(range(self.end - self.start)))))
         self.none, none_memory = self.measure(self.splice(None))
         self.references = {"full": (self.full, full_memory), "none": (self.none, none_memory)}

@@ -6,7 +6,7 @@ so the full history's prediction of them is the model's prediction of what reall
 method's compressed history, the full history, no history) is given the held-out tokens teacher-forced, and only the
 tokens of held-out assistant messages are scored: tool output and user text are context, not predictions, and the
 tokens a chat template writes to prompt the assistant are given to a model, not predicted by it. A method is given the
-history's work exactly as `vkv eval` gives it a span (`span_work`, then `splice`), and never sees the held-out
+history's work exactly as `vkv eval` gives it a span (`SpanWork.capture`, then `splice`), and never sees the held-out
 messages: its work is built from the history's own rendering.
 """
 
@@ -185,7 +185,7 @@ def score(
     `vkv.load_conversation` reads. Returns the run's record, as one entry of `vkv score --json`: its `summary` holds
     `kl` (mean per-token KL(full ‖ method)), `ll`, `ll_full`, `ll_none` (the scored tokens' log-likelihoods) and
     `kept` = (ll − ll_none) / (ll_full − ll_none)."""
-    from vkv.compress_api import frozen
+    from vkv.api.compress import frozen
     from vkv.text.formats import load_conversation
 
     lm = model if isinstance(model, FrozenLM) else frozen(model, tokenizer)

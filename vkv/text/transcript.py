@@ -249,6 +249,16 @@ class Rendered:
     tool_role_as: str = "tool"
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def message_starts(self) -> list[int]:
+        """Each message's first token."""
+        return [s.start for s in self.spans]
+
+    @property
+    def message_roles(self) -> list[str]:
+        """Each message's role, parallel to `message_starts`."""
+        return [s.role for s in self.spans]
+
     def evidence_distance(self, source_turns, turns: tuple[int, int]) -> tuple[int | None, int | None]:
         """Tokens and messages between the latest of a question's `source_turns` inside messages [first, last) (its
         nearest evidence there) and the end of that range; None when no source turn is inside."""

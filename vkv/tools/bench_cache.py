@@ -29,8 +29,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
-from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
@@ -156,7 +156,7 @@ def bench_window(lm: FrozenLM, path: Path, tokens: int, config: CacheBenchConfig
     alternation for `config.rounds` rounds."""
     window, rendered = pick_window(lm, path, tokens)
     start, end = rendered.token_span(*window.default_span())
-    work = span_work(lm, window, rendered, start, end, seed=config.seed)
+    work = SpanWork.capture(lm, rendered.ids, start, end, rendered.message_starts, rendered.message_roles, config.seed)
     prompt = question_ids(lm, config.question_tokens)
     log(f"window {window.id}: {len(rendered.ids)} tokens, span {start}-{end} ({end - start} tokens)")
     full = splice(lm, work.kv, start, end, work.keep(list(range(end - start))), [])

@@ -27,7 +27,6 @@ from rich.table import Table
 
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
-from vkv.evals.runner import span_work
 from vkv.io import write_json_atomic
 from vkv.kv.segment import SegmentGroup
 from vkv.lm.frozen import FrozenLM
@@ -76,7 +75,7 @@ def window_work(lm: FrozenLM, transcript, rendered, length: int, seed: int, fiel
             f"{transcript.path or transcript.id}: field {field}: {length} tokens do not fit its {len(rendered.ids)} "
             f"tokens after its {start}-token system message; choose {field} between {start + 1} and {len(rendered.ids)}"
         )
-    return span_work(lm, transcript, rendered, start, length, seed=seed)
+    return SpanWork.capture(lm, rendered.ids, start, length, rendered.message_starts, rendered.message_roles, seed)
 
 
 def measure(lm: FrozenLM, config: ScalingBenchConfig, length: int, log) -> list[dict[str, Any]]:

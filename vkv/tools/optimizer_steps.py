@@ -50,8 +50,9 @@ def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: fl
     # the optimiser's problem: the default recipe's targets and positions for `budget` virtual tokens; how each head
     # spends its share (and which entries stay verbatim) is not part of it
     config = replace(CompressConfig().validate(), head_budget="shared")
-    message_starts = [s.start for s in rendered.spans]
-    problem = SpanProblem.build(lm, rendered.ids, acts, span_budget(end - start, ratio), config, message_starts)
+    problem = SpanProblem.build(
+        lm, rendered.ids, acts, span_budget(end - start, ratio), config, rendered.message_starts
+    )
     prefix = KVPrefix.from_cache(cache, start)
     return Span(str(transcript_path), start, end, prefix, problem.targets, problem.positions)
 

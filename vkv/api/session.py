@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,7 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
+from vkv.methods import METHODS, VKV_MODES, get_method
 from vkv.text.formats import detect_format, load_conversation
 from vkv.text.transcript import (
     ChatFormat,
@@ -332,13 +332,10 @@ def session_method(method: Any) -> Any:
     one of vkv's modes that a session's recipe chooses itself, is refused naming the choices."""
     if not isinstance(method, str) or method == VIRTUAL_TOKENS:
         return method
-    # the registry is in a layer below this one (its methods are built from this layer's parts), so it is looked up
-    # by name, as a sweep file's configs are, only when a session is given a method by name
-    registry = import_module("vkv.methods")
-    if method not in registry.METHODS or method in registry.VKV_MODES:
-        choices = ", ".join(n for n in registry.METHODS if n not in registry.VKV_MODES)
+    if method not in METHODS or method in VKV_MODES:
+        choices = ", ".join(n for n in METHODS if n not in VKV_MODES)
         raise VkvError(f"field method: unknown method {method!r}; choose from {choices}")
-    return registry.get_method(method)
+    return get_method(method)
 
 
 def as_message(message: Message | dict, index: int) -> Message:

@@ -4,7 +4,7 @@
     ids = tokenizer.apply_chat_template(messages + [question], add_generation_prompt=True, return_tensors="pt")
     out = model.generate(ids, past_key_values=cache, max_new_tokens=64)   # `cache=cache` from transformers 5.24
 
-The work is the eval's, step for step (`vkv.evals.runner.span_work`, `vkv.lm.splice.splice`), so a cache built here
+The work is the eval's, step for step (`SpanWork.capture`, `vkv.lm.splice.splice`), so a cache built here
 scores exactly as `vkv eval` scores the method. The cache is a RaggedCache: it holds the compressed entries only and
 reports the conversation's logical length (`get_seq_length()`), so new tokens take the positions the original ones
 would; `generate()`, given the whole conversation's ids as transformers expects when it continues a cache, feeds only
@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
+from vkv.api.session import is_turn_range
 from vkv.compress.budget import DEFAULT_METHOD, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import MultiTurnConfig
-from vkv.compress.session import is_turn_range
+from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
-from vkv.evals.runner import span_work
 from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
@@ -81,7 +81,7 @@ def compress_with(
     on_step: Callable[[int, float], None] | None = None,
 ) -> SplicedCache:
     """Messages [turns[0], turns[1]) of `transcript` compressed by a registered KV method, as `vkv eval` does it
-    (span_work, then Method.compress with the torch seed set, then splice): the spliced cache of the whole
+    (SpanWork.capture, then Method.compress with the torch seed set, then splice): the spliced cache of the whole
     rendering, with the metadata a cache file records (model, transcript, method, its config and the ratio)."""
     if isinstance(method, TextMethod) or method.question_aware:
         raise VkvError(
@@ -99,7 +99,7 @@ def compress_with(
     start, end = rendered.token_span(first, last)
     if method.uses_ratio:
         span_budget(end - start, ratio)  # refused before the prefill
-    work = span_work(lm, transcript, rendered, start, end, seed)
+    work = SpanWork.capture(lm, rendered.ids, start, end, rendered.message_starts, rendered.message_roles, seed)
     torch.manual_seed(seed)
     segment = method.compress(work, ratio if method.uses_ratio else 1.0, on_step)
     spliced = splice(lm, work.kv, start, end, segment, rendered.ids[end:])
