@@ -43,16 +43,15 @@ from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
 from vkv.methods import METHODS, VKV_MODES, get_method
 from vkv.text.formats import detect_format, load_conversation
+from vkv.text.plain import encode, plain_ranges
 from vkv.text.transcript import (
     ChatFormat,
     Message,
     MessageSpan,
     Rendered,
     Transcript,
-    encode,
     followup,
     parse_transcript,
-    plain_ranges,
 )
 
 
