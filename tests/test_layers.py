@@ -40,7 +40,10 @@ def test_the_check_sees_an_upward_import(tmp_path):
     assert vkv_imports(module) == ["vkv.lm.frozen"]
 
 
-MAX_FILE_LINES, MAX_FUNCTION_LINES = 600, 80  # past these a file holds more than one idea, a function more than one step
+MAX_FILE_LINES, MAX_FUNCTION_LINES = (
+    600,
+    80,
+)  # past these a file holds more than one idea, a function more than one step
 
 
 def oversized(path: Path) -> list[str]:

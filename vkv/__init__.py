@@ -49,7 +49,7 @@ _API = {
     "FrozenLM": "vkv.lm.frozen",
     "CompressConfig": "vkv.compress.config",
     "OptimConfig": "vkv.compress.optimise",
-    "MultiTurnConfig": "vkv.compress.sequential",
+    "VkvRecipe": "vkv.compress.sequential",
     "compress_span": "vkv.compress.single",
     "compress_transcript": "vkv.compress.single",
     "Session": "vkv.api.session",

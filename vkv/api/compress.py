@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from vkv import upgrade
 from vkv.api.session import is_turn_range
 from vkv.compress.budget import DEFAULT_METHOD, span_budget
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record
@@ -31,7 +32,7 @@ from vkv.kv.ragged import RaggedCache
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.splice import splice
-from vkv.methods import METHODS, PER_TURN_VKV, VERBATIM_VKV, VKV_MODES, get_method, registered_name
+from vkv.methods import METHODS, get_method
 from vkv.methods.base import Method, TextMethod
 from vkv.text.formats import load_conversation
 from vkv.text.transcript import Transcript, render
@@ -54,9 +55,8 @@ def compress(
     transformers causal LM, loaded with attn_implementation 'sdpa' or 'eager'). `messages`: the conversation in any
     format `vkv.load_conversation` reads (a file's path, OpenAI or Anthropic messages, vkv's role/content dicts with
     optional `tool_calls` and `name`, or a Transcript); `method`: Attention Matching ('am') unless named; `options`: the method's own (its
-    dataclass fields, e.g. `recipe=CompressConfig(...)`, `head_budget="global"`; with `method="vkv"`, `per_turn=True`
-    compresses each message on its own on the running cache, as `--per-turn`, and `keep_verbatim=True` keeps a share
-    of the tokens verbatim for every head, as `--keep-verbatim`). Returns the decoding cache on the model's device and
+    dataclass fields, e.g. `head_budget="global"`, `per_turn=True` to compress each message on its own on the
+    running cache, as `--per-turn`; vkv's `recipe=VkvRecipe(...)` or its virtual tokens' `CompressConfig(...)`). Returns the decoding cache on the model's device and
     in its dtype, of `get_seq_length()` = the conversation's rendered length.
 
     The model is switched to vkv's attention (`use_ragged_attention`: unchanged on any other cache), put in eval
@@ -97,7 +97,7 @@ def compress_with(
             f"field turns: ({first}, {last}) is not a non-empty range of the {len(transcript.messages)} messages"
         )
     start, end = rendered.token_span(first, last)
-    if method.uses_ratio:
+    if method.uses_ratio and not method.chooses_ratio:
         span_budget(end - start, ratio)  # refused before the prefill
     work = SpanWork.capture(lm, rendered.ids, start, end, rendered.message_starts, rendered.message_roles, seed)
     torch.manual_seed(seed)
@@ -108,7 +108,7 @@ def compress_with(
         transcript=transcript_record(transcript, (first, last), len(rendered.ids)),
         method=method.name,
         config=method.config(),
-        ratio=ratio if method.uses_ratio else None,
+        ratio=ratio if method.uses_ratio and not method.chooses_ratio else None,
         seed=seed,
     )
     return spliced
@@ -127,40 +127,32 @@ def frozen(model, tokenizer) -> FrozenLM:
 
 
 def _kv_method(name: str, options: dict[str, Any]):
-    """The registered KV method `name` with `options`, refusing text methods and options it does not have. vkv with
-    `per_turn=True` is vkv per turn, as on the command line (a `recipe` CompressConfig becomes its per-message
-    recipe), and with `keep_verbatim=True` alone vkv with per-turn verbatim tokens over the whole span; their registry
-    names `sequential` and `hybrid` are refused as `--method sequential` and `--method hybrid` are."""
-    supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod) and n not in VKV_MODES)
-    switch = {PER_TURN_VKV: "per_turn", VERBATIM_VKV: "keep_verbatim"}.get(name)
-    if switch:
-        raise VkvError(f"method '{name}' was renamed: it is vkv with a switch, method=\"vkv\", {switch}=True")
+    """The registered KV method `name` with `options`, refusing text methods, vkv's earlier mode methods and switches
+    (naming today's options) and options it does not have. vkv's `recipe` may be its virtual tokens' CompressConfig
+    alone, the rest of its recipe at the defaults."""
+    renamed = upgrade.renamed_method(name)
+    if renamed:
+        raise VkvError(renamed)
+    supported = ", ".join(n for n, c in METHODS.items() if not issubclass(c, TextMethod))
     if name not in METHODS:
         raise VkvError(f"unknown method '{name}'; vkv.compress supports {supported}")
-    asked, taken = name, ("per_turn", "keep_verbatim") if name == "vkv" else ()  # vkv's switches pick the method
-    if name == "vkv":
-        per_turn, keep_verbatim = options.pop("per_turn", False), options.pop("keep_verbatim", False)
-        for field, value in (("per_turn", per_turn), ("keep_verbatim", keep_verbatim)):
-            if not isinstance(value, bool):
-                raise VkvError(f"field {field}: expected True or False, got {value!r}")
-        name = registered_name(name, per_turn, keep_verbatim)
-        if per_turn and isinstance(options.get("recipe"), CompressConfig):
-            options["recipe"] = MultiTurnConfig(options["recipe"], keep_verbatim=keep_verbatim)
-        elif per_turn and keep_verbatim:
-            raise VkvError(
-                "field keep_verbatim: per turn, the verbatim tokens are a setting of the recipe; pass "
-                "recipe=MultiTurnConfig(keep_verbatim=True)"
-            )
     cls = METHODS[name]
     if issubclass(cls, TextMethod):
         raise VkvError(
             f"method '{name}' prunes the messages' text, not the KV cache, so it has no cache to return; prune "
             f"with `vkv prune` and prefill the shorter text, or use one of {supported}"
         )
+    if "keep_verbatim" in options and cls.recipe_class is VkvRecipe:
+        raise VkvError(
+            "field keep_verbatim was renamed: vkv keeping a share of the span's tokens verbatim for every head is "
+            'recipe=vkv.VkvRecipe(verbatim="shared")'
+        )
     unknown = sorted(set(options) - set(cls.option_names()))
     if unknown:
         raise VkvError(
-            f"method '{asked}' has no option {', '.join(unknown)}; its options are "
-            f"{', '.join((*cls.option_names(), *taken)) or 'none'}"
+            f"method '{name}' has no option {', '.join(unknown)}; its options are "
+            f"{', '.join(cls.option_names()) or 'none'}"
         )
+    if cls.recipe_class is VkvRecipe and isinstance(options.get("recipe"), CompressConfig):
+        options["recipe"] = VkvRecipe(compress=options["recipe"])
     return get_method(name, **options)

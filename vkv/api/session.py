@@ -1,6 +1,6 @@
 """Session: a running compressed conversation for agent harnesses.
 
-    session = Session(lm, MultiTurnConfig(target_source="online"))
+    session = Session(lm, "vkv")                               # or any KV method with a budget (default: am)
     session.append({"role": "user", "content": "..."})        # kept verbatim
     session.compress(turns=(1, 11), ratio=2.0)                # messages 1..10, one segment each
     session.ask("Which library hashes passwords?")            # answered from the running cache
@@ -22,15 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from vkv import upgrade
 from vkv.compress.autoratio import segment_loss
-from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, allocate, span_budget
-from vkv.compress.sequential import (
-    FullHistory,
-    MultiTurnConfig,
-    append_verbatim,
-    compress_turns,
-    compress_virtual_turns,
-)
+from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
+from vkv.compress.sequential import VkvRecipe, append_verbatim
 from vkv.compress.turn import Turn
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, save_cache, trusted_header
@@ -41,7 +36,8 @@ from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.generate import generate
 from vkv.lm.rebuild import load_cache
-from vkv.methods import METHODS, VKV_MODES, get_method
+from vkv.methods import METHODS, Method, get_method
+from vkv.methods.base import BudgetMethod
 from vkv.text.formats import detect_format, load_conversation
 from vkv.text.plain import encode, plain_ranges
 from vkv.text.transcript import (
@@ -56,21 +52,18 @@ from vkv.text.transcript import (
 
 
 class Session:
-    def __init__(self, model: FrozenLM, config: MultiTurnConfig | None = None, method: str | None = None):
-        """`config`: vkv's recipe (its virtual tokens, and the seed every method uses); `method`: what `compress()`
-        uses when it is given none, a registered KV method's name or "vkv" (virtual tokens by `config`). Unnamed, it
-        is Attention Matching (DEFAULT_METHOD), or vkv's virtual tokens when a recipe is given: a recipe says how
-        virtual tokens are made."""
+    def __init__(self, model: FrozenLM, method: Any = None, seed: int = 0):
+        """`method`: what `compress()` uses when it is given none: a registered KV method with a budget, by name or
+        built (`"kvzip"`, `vkv.get_method("vkv", recipe=vkv.VkvRecipe(...))`); unnamed, Attention Matching
+        (DEFAULT_METHOD). vkv by name takes its targets from the running cache (`target_source="online"`), as a live
+        agent would. `seed`: the seed of the methods that draw one (vkv's recipe holds its own)."""
         if not isinstance(model, FrozenLM):
             raise VkvError(f"Session: field model: expected a model from vkv.load_model(...), got {model!r}")
-        if config is not None and not isinstance(config, MultiTurnConfig):
-            raise VkvError(f"Session: field config: expected a vkv.MultiTurnConfig, got {config!r}")
-        if method is None:
-            method = VIRTUAL_TOKENS if config is not None else DEFAULT_METHOD
-        session_method(method)  # a name the registry lacks is refused now, not at the first compress()
-        self.method = method
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise VkvError(f"Session: field seed: expected a whole number of at least 0, got {seed!r}")
+        self.method = session_method(DEFAULT_METHOD if method is None else method)  # refused now, not at compress()
+        self.seed = seed
         self.lm = model
-        self.config = (config or MultiTurnConfig(target_source="online")).validate()
         self.format = ChatFormat(model.tokenizer)
         self.messages: list[Message] = []
         self.turns: list[Turn] = []
@@ -165,44 +158,23 @@ class Session:
     ) -> list[Segment]:
         """Compress messages [turns[0], turns[1]) one by one (default: every verbatim message after the last
         compressed one, the leading system message excepted) at `ratio` (default: DEFAULT_RATIO; none with
-        auto-ratio, which chooses one per turn). `method`: the session's (None; see Session), "vkv" for vkv's virtual
-        tokens with this session's recipe, or a registered KV method with a budget, by name or built (`"am"`,
-        `vkv.get_method("snapkv", head_budget="uniform")`, …), each message compressed as its per-turn mode does it,
-        on the running cache. `on_turn(turn, segment)` is called after each message (a progress count)."""
+        auto-ratio, which chooses one per turn). `method`: the session's (None; see Session), or another registered
+        KV method with a budget, by name or built (`"kvzip"`, `vkv.get_method("snapkv", head_budget="uniform")`, …),
+        each message compressed on the running cache as the method's per-turn mode does it. `on_turn(turn, segment)`
+        is called after each message (a progress count)."""
         self._require_per_message("compress again")
         first, last = self._range(turns)
-        config = self.config
-        method = session_method(self.method if method is None else method)
-        by_vkv = method == VIRTUAL_TOKENS
-        if ratio is not None and config.auto_ratio and by_vkv:
-            raise VkvError("this session chooses ratios per turn (auto-ratio), so compress() takes no ratio")
+        method = self.method if method is None else session_method(method)
+        if ratio is not None and method.chooses_ratio:
+            raise VkvError("this session's method chooses ratios per turn (auto-ratio), so compress() takes no ratio")
         span = self.turns[first:last]
-        budget = (
-            None if config.auto_ratio and by_vkv else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
-        )
+        budget = None if method.chooses_ratio else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
         cache = SplicedCache(self.cache.segments[:first], span[0].start)  # the session changes only on success
-        if by_vkv:
-            history = None
-            if config.target_source == "oracle":
-                history = FullHistory.capture(self.lm, self.ids, span[0].start, span[-1].end)
-            segments = compress_virtual_turns(self.lm, self.ids, span, cache, config, budget, history, on_turn=on_turn)
-        else:
-            budgets = allocate([t.length for t in span], budget)
-            segments = compress_turns(self.lm, self.ids, span, cache, budgets, self._turns_by(method), True, on_turn)
+        starts, roles = [t.start for t in self.turns], [m.role for m in self.messages]
+        segments = method.compress_messages(self.lm, self.ids, span, cache, budget, starts, roles, self.seed, on_turn)
         append_verbatim(self.lm, cache, self.ids, self.turns[last:])
         self.cache = cache
         return segments
-
-    def _turns_by(self, method: Any):
-        """A registered method's per-message compressor on this conversation, refused when it has none."""
-        name = getattr(method, "name", repr(method))
-        if not hasattr(method, "turn_compressor") or getattr(method, "question_aware", False):
-            raise VkvError(
-                f"method {name!r} cannot compress a session's messages: pass a registered KV method with a budget, "
-                "e.g. vkv.get_method('kvzip') (text methods, references and question-aware settings have none)"
-            )
-        starts, roles = [t.start for t in self.turns], [m.role for m in self.messages]
-        return method.turn_compressor(self.lm, self.ids, starts, roles, self.config.compress.optim.seed)
 
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
         if turns is not None and not is_turn_range(turns):
@@ -287,8 +259,9 @@ class Session:
             self.lm,
             session={
                 "messages": [message_dict(m) for m in self.messages],
-                "config": self.config.to_dict(),
-                "method": self.method,
+                "method": self.method.name,
+                "method_config": self.method.config(),
+                "seed": self.seed,
                 "tokens": len(self.ids),
                 "ids_sha256": ids_digest(self.ids),
             },
@@ -304,10 +277,10 @@ class Session:
             raise VkvError(f"{path}: a vkv cache without a session field, so not a saved session")
         saved = header["session"]
         cache = load_cache(path, model, trust_foreign)
-        method = saved.get("method", VIRTUAL_TOKENS)  # sessions saved before it was recorded compressed with vkv
-        if not isinstance(method, str):
-            raise VkvError(f"{path}: field session.method: expected a method's name, got {method!r}")
-        session = cls(model, MultiTurnConfig.from_dict(saved.get("config", {})), method)
+        name, config, seed = upgrade.saved_session(saved)
+        if not isinstance(name, str) or name not in METHODS or not isinstance(config, dict):
+            raise VkvError(f"{path}: field session.method: expected a registered method's name, got {name!r}")
+        session = cls(model, METHODS[name].from_config(config), seed)
         messages = [as_message(m, i) for i, m in enumerate(saved.get("messages", []))]
         session.turns, session.ids, session.text = session._rendering_with(messages)
         session.messages = messages
@@ -323,18 +296,24 @@ class Session:
         return session
 
 
-VIRTUAL_TOKENS = "vkv"  # a session's method by this name is vkv's virtual tokens, made by the session's recipe
-
-
-def session_method(method: Any) -> Any:
-    """VIRTUAL_TOKENS, or the registered method `method` names (a built one as it is); a name the registry lacks, or
-    one of vkv's modes that a session's recipe chooses itself, is refused naming the choices."""
-    if not isinstance(method, str) or method == VIRTUAL_TOKENS:
-        return method
-    if method not in METHODS or method in VKV_MODES:
-        choices = ", ".join(n for n in METHODS if n not in VKV_MODES)
-        raise VkvError(f"field method: unknown method {method!r}; choose from {choices}")
-    return get_method(method)
+def session_method(method: Any) -> Method:
+    """The method a session compresses by: a built one as it is, or the registered method `method` names (vkv's with
+    targets from the running cache); refused, naming the choices, when it cannot compress a session's messages."""
+    if isinstance(method, str):
+        renamed = upgrade.renamed_method(method)
+        if renamed or method not in METHODS:
+            choices = ", ".join(n for n, c in METHODS.items() if issubclass(c, BudgetMethod))
+            raise VkvError(f"field method: {renamed or f'unknown method {method!r}'}; choose from {choices}")
+        online = METHODS[method].recipe_class is VkvRecipe
+        method = get_method(method, recipe=VkvRecipe(target_source="online")) if online else get_method(method)
+    if not isinstance(method, BudgetMethod) or method.question_aware:
+        name = getattr(method, "name", repr(method))
+        raise VkvError(
+            f"method {name!r} cannot compress a session's messages: pass a registered KV method with a budget, "
+            "e.g. vkv.get_method('kvzip') (text methods, references and question-aware settings have none)"
+        )
+    method.check()
+    return method
 
 
 def as_message(message: Message | dict, index: int) -> Message:

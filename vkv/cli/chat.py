@@ -19,16 +19,18 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from vkv.api.session import VIRTUAL_TOKENS, Session
+from vkv.api.session import Session, session_method
 from vkv.cli.chat_loop import Chat
 from vkv.cli.common import ModelConfig, console, load_model_from, recorded_transcript, trust_foreign_setting
 from vkv.cli.compress import kv_methods
 from vkv.cli.method_flags import add_recipe_args, recipe_flags_given, recipe_from_args
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.kv.file import trusted_header
 from vkv.lm.load import resolve_model_path
 from vkv.lm.rebuild import load_cache
+from vkv.methods import METHODS, get_method
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.formats import load_conversation
 
@@ -59,22 +61,21 @@ class ChatConfig:
     trust_foreign: bool = trust_foreign_setting()
 
 
-def open_session(source: str, lm, recipe, trust_foreign: bool = False, method: str | None = None):
-    """A saved session (.safetensors written by Session.save or /save; it keeps its own recipe, and its method unless
-    `method` names one), or a new one holding a conversation's messages verbatim (a vkv transcript or an export
-    `vkv.load_conversation` reads) and compressing by `method` (default: DEFAULT_METHOD) with `recipe` (a
-    MultiTurnConfig, for vkv's virtual tokens). A cache file not signed with this user's key is refused unless
-    `trust_foreign`."""
+def open_session(source: str, lm, trust_foreign: bool = False, method=None):
+    """A saved session (.safetensors written by Session.save or /save; it keeps its own method unless `method` is
+    given), or a new one holding a conversation's messages verbatim (a vkv transcript or an export
+    `vkv.load_conversation` reads) and compressing by `method` (default: DEFAULT_METHOD). A cache file not signed
+    with this user's key is refused unless `trust_foreign`."""
     path = Path(source)
     if path.suffix in (".json", ".jsonl"):
-        session = Session(lm, recipe, method or DEFAULT_METHOD)
+        session = Session(lm, method or DEFAULT_METHOD)
         session.extend(list(load_conversation(path).messages))
         return session
     header = trusted_header(path, trust_foreign)
     if "session" in header:
         session = Session.load(path, lm, trust_foreign)
         if method is not None:
-            session.method = method
+            session.method = session_method(method)
         return session
     return Session.continuing(lm, recorded_transcript(path, header), load_cache(path, lm, trust_foreign))
 
@@ -95,7 +96,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     lm = load_model_from(model)  # a transcript gets the default model
     # a chat keeps no uncompressed history, so its turns' targets come from the running cache
     recipe = dataclasses.replace(recipe_from_args(args), target_source="online")
-    session = open_session(args.source, lm, recipe, config.trust_foreign, config.method)
+    method = None
+    if config.method is not None:
+        by_recipe = METHODS[config.method].recipe_class is VkvRecipe
+        method = get_method(config.method, recipe=recipe) if by_recipe else get_method(config.method)
+    session = open_session(args.source, lm, config.trust_foreign, method)
     if config.compress_every and not session.per_message:
         raise VkvError(
             f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
@@ -120,7 +125,7 @@ def check_method_flags(config: ChatConfig, args: argparse.Namespace) -> None:
     saved session's method is known only once it is read: its recipe flags are left to the session's own)."""
     given = recipe_flags_given(args, {"target_source"})
     method = config.method or (DEFAULT_METHOD if Path(args.source).suffix in (".json", ".jsonl") else None)
-    if given and method not in (None, VIRTUAL_TOKENS):
+    if given and method is not None and METHODS[method].recipe_class is not VkvRecipe:
         raise VkvError(
             f"--{given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{method}' has none "
             "(--method vkv takes it)"

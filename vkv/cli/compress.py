@@ -7,8 +7,6 @@ import argparse
 import time
 from dataclasses import dataclass
 
-import torch
-
 from vkv.api.compress import compress_with
 from vkv.cli.common import ModelConfig, console, key_value_table, load_model_from, tokenizer_for, write_json
 from vkv.cli.method_flags import (
@@ -18,10 +16,11 @@ from vkv.cli.method_flags import (
     method_class,
     recipe_flags_given,
     recipe_from_args,
+    refuse_unused_recipe_flags,
 )
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
-from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
-from vkv.compress.single import compress_transcript, render_within_positions
+from vkv.compress.sequential import VkvRecipe
+from vkv.compress.single import render_within_positions
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
@@ -34,8 +33,8 @@ from vkv.text.windows import select_windows
 
 @dataclass
 class CompressCommand:
-    """`vkv compress`'s own settings: the model, the span, its ratio and where the cache goes (the recipe's are
-    CompressConfig's and MultiTurnConfig's)."""
+    """`vkv compress`'s own settings: the model, the span, its ratio and where the cache goes (vkv's recipe's are
+    VkvRecipe's, the methods' options their own)."""
 
     model: ModelConfig = nested(ModelConfig)
     method: str = setting(
@@ -62,83 +61,24 @@ class CompressCommand:
 
 def kv_methods() -> tuple[str, ...]:
     """The registered methods that compress the KV cache (text methods prune the messages instead)."""
-    from vkv.methods import METHODS, VKV_MODES
     from vkv.methods.base import TextMethod
 
-    return tuple(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod) and n not in VKV_MODES)
+    return tuple(n for n, cls in METHODS.items() if not issubclass(cls, TextMethod))
 
 
 def cmd_compress(args: argparse.Namespace) -> int:
     command, plan = from_args(CompressCommand, args), recipe_from_args(args)
-    given = given_options(args, [method_class(command.method, args)])
-    if command.method != "vkv":
-        return _compress_registered(command, args, plan, given)
-    config = plan.compress
-    check_store(command.store, plan)
-    transcript = load_transcript(args.transcript)
-    if config.pooling == "attention":
-        raise VkvError("--pooling attention needs a question and is only available through `vkv eval`")
-    torch.manual_seed(config.optim.seed)
-    # the span's length, and so a ratio it cannot take, is known from the tokenizer before the model loads
-    tokenizer = tokenizer_for(command.model.model, command.model.device)
-    if command.window:
-        transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
-    turns = parse_turn_span(command.span, transcript)
-    start, end = render(transcript, tokenizer).token_span(*turns)
-    if not plan.auto_ratio:
-        span_budget(end - start, command.ratio)
-    lm = load_model_from(command.model)
-    per_turn = bool(getattr(args, "per_turn", None))
-    if per_turn or plan.keep_verbatim or plan.auto_ratio:
-        return _compress_multiturn(command, lm, transcript, turns, plan, per_turn)
-    start = time.perf_counter()
-    with step_bar(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1}", config.optim.steps) as on_step:
-        spliced = compress_transcript(lm, transcript, turns, command.ratio, config, on_step=on_step)
-    save_with_store(spliced, command, lm, transcript)
-    seconds = time.perf_counter() - start
-    (virtual,) = [s for s in spliced.segments if s.kind != "verbatim"]  # compact with a per-head verbatim share
-    summary = {
-        "span_tokens": virtual.original_tokens,
-        "entries_per_head": round(virtual.real_entries, 2),  # what the ratio counts
-        "slots_per_head": virtual.entries,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
-        "ratio_achieved": round(virtual.ratio, 4),
-        "initial_loss": virtual.stats.get("initial_loss"),  # none where no virtual token was tuned
-        "best_loss": virtual.stats.get("best_loss"),
-        "steps": virtual.stats["steps"],
-        "stopped": virtual.stats["stopped"],
-        "seconds": round(seconds, 2),  # the compression's wall time, as its progress line counts it
-        "optimise_seconds": round(virtual.stats["seconds"], 2),  # of which the optimisation's steps
-        "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
-        "cache": command.out,
-        "store": command.store,
-        **_memory(command.out),
-    }
-    console.print(key_value_table("vkv compress", summary))
-    write_json(
-        command.json,
-        {
-            **summary,
-            "ratio": command.ratio,
-            "config": config.to_dict(),
-            "segments": spliced.table(),
-            "per_layer_loss": virtual.stats["per_layer_loss"],
-        },
-    )
-    return 0
-
-
-def _compress_registered(command: CompressCommand, args: argparse.Namespace, plan, given) -> int:
-    """Any registered KV method, through the same steps as `vkv eval` (vkv.api.compress.compress_with)."""
-    name, cls = command.method, METHODS[command.method]
+    cls = method_class(command.method, args)
+    given = given_options(args, [cls])
     recipe_given = recipe_flags_given(args, set(given))  # a setting the method declares too is its own option
     if recipe_given and cls.recipe_class is None:
         raise VkvError(
-            f"--{recipe_given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{name}' has none "
+            f"--{recipe_given[0].replace('_', '-')} is a setting of vkv's recipe, and method '{cls.name}' has none "
             "(--method vkv takes it)"
         )
-    if command.store != "kv":
-        raise VkvError(f"--store embeddings is for vkv's virtual tokens (--method vkv), not method '{name}'")
+    refuse_unused_recipe_flags(args, [cls])
     method = build_method(cls, plan, args, given)
+    check_store(command.store, method)
     transcript = load_transcript(args.transcript)
     # the span's length, and so a ratio it cannot take, is known from the tokenizer before the model loads
     tokenizer = tokenizer_for(command.model.model, command.model.device)
@@ -146,22 +86,34 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
         transcript = _pick_window(tokenizer, transcript, command.window, command.window_index)
     turns = parse_turn_span(command.span, transcript)
     start, end = render(transcript, tokenizer).token_span(*turns)
-    span_budget(end - start, command.ratio)
+    if not method.chooses_ratio:
+        span_budget(end - start, command.ratio)
     lm = load_model_from(command.model)
-    start = time.perf_counter()
-    with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} by {name}"):
-        spliced = compress_with(lm, transcript, turns, method, command.ratio, plan.compress.optim.seed)
-    save_cache(spliced, command.out)
-    seconds = time.perf_counter() - start
+    started = time.perf_counter()
+    label = f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} by {cls.name}"
+    per_turn = getattr(method, "per_turn", False)
+    steps = plan.compress.optim.steps if cls.reports_steps and not (per_turn or method.chooses_ratio) else 0
+    with step_bar(label, steps) if steps else status(label) as on_step:
+        spliced = compress_with(lm, transcript, turns, method, command.ratio, plan.compress.optim.seed, on_step)
+    save_with_store(spliced, command, lm, transcript)
+    seconds = time.perf_counter() - started
     rows = report_rows(read_header(command.out))
     console.print(report_table(rows))
+    virtual = [s for s in spliced.segments if s.kind == "virtual" and "steps" in s.stats]
+    summary = _virtual_summary(virtual[0]) if len(virtual) == 1 and not per_turn else {}
+    if summary:
+        console.print(key_value_table("virtual tokens", summary))
     print_seconds(seconds)
     write_json(
         command.json,
         {
-            "method": name,
-            "ratio": command.ratio,
+            "method": cls.name,
+            "ratio": None if method.chooses_ratio else command.ratio,
             "seconds": round(seconds, 2),
+            **summary,
+            "cache": command.out,
+            "store": command.store,
+            **_memory(command.out),
             "config": method.config(),
             "segments": spliced.table(),
             "report": rows,
@@ -170,26 +122,22 @@ def _compress_registered(command: CompressCommand, args: argparse.Namespace, pla
     return 0
 
 
-def _compress_multiturn(command: CompressCommand, lm, transcript, turns, plan, per_turn: bool) -> int:
-    start = time.perf_counter()
-    with status(f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} turn by turn"):
-        spliced = compress_transcript_turns(lm, transcript, turns, command.ratio, plan, per_turn)
-    save_with_store(spliced, command, lm, transcript)
-    seconds = time.perf_counter() - start
-    rows = report_rows(read_header(command.out))
-    console.print(report_table(rows))
-    print_seconds(seconds)
-    write_json(
-        command.json,
-        {
-            "ratio": command.ratio,
-            "seconds": round(seconds, 2),
-            "config": plan.to_dict(),
-            "segments": spliced.table(),
-            "report": rows,
-        },
-    )
-    return 0
+def _virtual_summary(virtual) -> dict:
+    """What the optimiser did for a whole span's virtual tokens: the span, the entries the ratio counts and the slots
+    the segment holds, the V loss before and after, and where the optimisation's time went."""
+    return {
+        "span_tokens": virtual.original_tokens,
+        "entries_per_head": round(virtual.real_entries, 2),  # what the ratio counts
+        "slots_per_head": virtual.entries,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
+        "ratio_achieved": round(virtual.ratio, 4),
+        "initial_loss": virtual.stats.get("initial_loss"),  # none where no virtual token was tuned
+        "best_loss": virtual.stats.get("best_loss"),
+        "steps": virtual.stats["steps"],
+        "stopped": virtual.stats["stopped"],
+        "optimise_seconds": round(virtual.stats["seconds"], 2),  # the optimisation's steps, of the whole
+        "seconds_per_step": round(virtual.stats["seconds_per_step"], 4),
+        "per_layer_loss": virtual.stats["per_layer_loss"],
+    }
 
 
 def print_seconds(seconds: float) -> None:
@@ -205,23 +153,26 @@ def _memory(path: str) -> dict:
     return {k: stored[k] for k in keys if k in stored}
 
 
-def check_store(store: str, plan: MultiTurnConfig) -> None:
-    """Refuse a --store value, or a multi-turn plan whose segments it cannot hold, before any work is done."""
+def check_store(store: str, method) -> None:
+    """Refuse a --store value, or a method whose segments it cannot hold, before any work is done."""
     if store not in STORES:
         raise VkvError(f"--store {store!r}: choose kv (keys and values) or embeddings (K/V rebuilt at load)")
     if store == "kv":
         return
-    if plan.keep_verbatim:
+    if method.recipe_class is not VkvRecipe:
+        raise VkvError(f"--store embeddings is for vkv's virtual tokens (--method vkv), not method '{method.name}'")
+    recipe = method.settings()
+    if recipe.verbatim == "shared":
         raise VkvError(
-            "--store embeddings cannot hold --keep-verbatim (per-turn verbatim) segments, whose kept tokens' K/V saw the whole turn"
+            "--store embeddings cannot hold --verbatim shared segments, whose kept tokens' K/V saw the whole span"
         )
-    if plan.compress.verbatim_share:
+    if recipe.verbatim == "per-head":
         raise VkvError(
             f"--store embeddings cannot hold segments with a per-head verbatim share (--verbatim-share "
-            f"{plan.compress.verbatim_share:g}, the default recipe's): each head keeps its own entries, which no "
-            "forward pass rebuilds; use --store kv, or --verbatim-share 0 for virtual tokens alone"
+            f"{recipe.compress.verbatim_share:g}, the default recipe's): each head keeps its own entries, which no "
+            "forward pass rebuilds; use --store kv, or --verbatim none for virtual tokens alone"
         )
-    if plan.auto_ratio and plan.target_source == "oracle":
+    if recipe.auto_ratio and recipe.target_source == "oracle":
         raise VkvError(
             "--store embeddings with --auto-ratio needs --target-source online: a turn kept verbatim under oracle "
             "targets has K/V from the uncompressed history, which a rebuild cannot reproduce"

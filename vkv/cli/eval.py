@@ -23,11 +23,11 @@ from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.summary import aggregate
 from vkv.kv.file import trusted_header
 from vkv.lm.rebuild import load_cache
-from vkv.methods import spoken_name
 from vkv.progress import counted, status, step_bar
 from vkv.settings import add_arguments, from_args, nested, setting
 from vkv.text.transcript import load_transcript, parse_turn_span, render
 from vkv.text.windows import select_windows, window_transcript
+from vkv.upgrade import method_label
 
 
 def eval_units(
@@ -178,7 +178,7 @@ def _print_eval(results: list[dict], rows: list[dict]) -> None:
     per_q.add_column("window / question")
     columns = [(r["method"], r["ratio_requested"]) for r in results if r["transcript"] == results[0]["transcript"]]
     for method, ratio in columns:
-        per_q.add_column(spoken_name(method) + (f" {ratio}×" if ratio else ""), justify="right")
+        per_q.add_column(method_label(method) + (f" {ratio}×" if ratio else ""), justify="right")
     by_unit: dict[str, dict] = {}
     for r in results:
         by_unit.setdefault(r["transcript"], {})[(r["method"], r["ratio_requested"])] = r

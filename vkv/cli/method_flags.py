@@ -1,5 +1,5 @@
 """Methods and vkv's recipe as command-line flags, declared once by their dataclass fields: one flag per setting of
-vkv's recipe (CompressConfig, MultiTurnConfig) and one per option of a registered method (an option several methods
+vkv's recipe (VkvRecipe, its virtual tokens' CompressConfig inside) and one per option of a registered method (an option several methods
 share is one flag; unset, each method keeps its own default). `vkv eval`, `vkv compress` and `vkv chat` build their
 methods through here."""
 
@@ -10,37 +10,38 @@ import dataclasses
 from dataclasses import dataclass
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
-from vkv.methods import METHODS, PER_TURN_VKV, VKV_MODES, registered_name
+from vkv.methods import METHODS
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat
+from vkv.upgrade import renamed_method
 
 
 def add_recipe_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per setting of vkv's recipe (CompressConfig) and of its multi-turn use (MultiTurnConfig), from their
-    fields (vkv.settings), less `skip`."""
+    """One flag per setting of vkv's recipe (VkvRecipe): its virtual tokens' (CompressConfig), then its modes', from
+    their fields (vkv.settings), less `skip`."""
     add_arguments(p.add_argument_group("compression (vkv's recipe)"), CompressConfig, skip)
     recipe = {s.key for s in flat_settings(CompressConfig)}
-    add_arguments(p.add_argument_group("multi-turn"), MultiTurnConfig, (*recipe, *skip))
+    add_arguments(
+        p.add_argument_group("vkv's verbatim part, per-turn targets, auto-ratio"), VkvRecipe, (*recipe, *skip)
+    )
 
 
 def recipe_flags(args: argparse.Namespace) -> dict:
     """The recipe's settings the flags give, by flat key (a flag left at None keeps the field's default)."""
-    return {
-        s.key: getattr(args, s.key) for s in flat_settings(MultiTurnConfig) if getattr(args, s.key, None) is not None
-    }
+    return {s.key: getattr(args, s.key) for s in flat_settings(VkvRecipe) if getattr(args, s.key, None) is not None}
 
 
 def recipe_flags_given(args: argparse.Namespace, skip: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The recipe's settings the flags set to other than their defaults (the seed and `skip` aside): what a method
     without vkv's recipe would ignore, so refuses."""
-    defaults = {s.key: s.default for s in flat_settings(MultiTurnConfig)}
+    defaults = {s.key: s.default for s in flat_settings(VkvRecipe)}
     return [k for k, v in recipe_flags(args).items() if k != "seed" and k not in skip and v != defaults[k]]
 
 
-def recipe_from_args(args: argparse.Namespace) -> MultiTurnConfig:
+def recipe_from_args(args: argparse.Namespace) -> VkvRecipe:
     """The recipe the flags give."""
-    return from_flat(MultiTurnConfig, recipe_flags(args)).validate()
+    return from_flat(VkvRecipe, recipe_flags(args)).validate()
 
 
 TAKEN = ("window", "method")  # flags of `vkv eval` itself that a method option's name would clash with
@@ -75,7 +76,7 @@ def method_options() -> dict[str, MethodOption]:
 def add_recipe_and_method_args(p: argparse.ArgumentParser) -> None:
     """vkv's recipe flags, then the methods' options; a setting both have (head_budget, the distillation's) is one flag
     among the methods' options, whose help says each one's default."""
-    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
+    recipe = {s.key for s in flat_settings(VkvRecipe)}
     add_recipe_args(p, skip=tuple(key for key in method_options() if key in recipe))
     add_method_args(p)
 
@@ -83,14 +84,12 @@ def add_recipe_and_method_args(p: argparse.ArgumentParser) -> None:
 def add_method_args(p: argparse.ArgumentParser) -> None:
     """One flag per method option, default None: unset, each method keeps its own default."""
     group = p.add_argument_group("method options (each given to the methods that have it; unset: their own default)")
-    recipe = {s.key for s in flat_settings(MultiTurnConfig)}
+    recipe = {s.key for s in flat_settings(VkvRecipe)}
     for option in method_options().values():
         s = option.setting
         owners = {o: _default(METHODS[o], option.field) for o in option.owners}
-        if option.field == "per_turn":  # vkv's per-turn mode is a method of its own (method_class)
-            owners = {"vkv": False, **owners}
         if s.key in recipe:
-            owners["vkv's recipe"] = _default(MultiTurnConfig, s.key)
+            owners["vkv's recipe"] = _default(VkvRecipe, s.key)
         if len({repr(d) for d in owners.values()}) > 1:  # say whose default is which
             owners = {f"{o}: {d}": d for o, d in owners.items()}
         help_text = f"{s.help} ({', '.join(owners)})"
@@ -111,18 +110,15 @@ def _default(cls, key: str):
 def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOption]:
     """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
     names = [c.name for c in classes]
-    recipe_keys = {s.key for s in flat_settings(MultiTurnConfig)} if any(c.recipe_class for c in classes) else set()
+    recipe_keys = {s.key for s in flat_settings(VkvRecipe)} if any(c.recipe_class for c in classes) else set()
     if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
-        lacking = [c.name for c in classes if c.uses_ratio and not _per_turn(c)]
+        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
         if lacking:
-            per_turn = ", ".join(["vkv", *(n for n, c in METHODS.items() if "per_turn" in c.option_names())])
+            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
             raise VkvError(f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn})")
     given = {}
     for key, option in method_options().items():
         if getattr(args, key, None) is None:
-            continue
-        if key == "per_turn" and all(map(_per_turn, classes)):  # vkv's per-turn mode is a method, not this option
-            given[key] = option
             continue
         if not set(option.owners) & set(names) and key not in recipe_keys:
             raise VkvError(
@@ -133,52 +129,41 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
 
 
 def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
-    """Refuse a flag of vkv's recipe that none of the methods evaluated takes, rather than run without it: the
-    whole-span settings belong to the methods with a recipe (vkv's modes), the per-turn ratio and the target source to
-    vkv per turn, the verbatim tokens' settings to the methods that keep them. A setting a method also declares
-    (`--head-budget`, `--distill-steps`, …) is checked with the methods' options (`given_options`)."""
-    whole_span = {s.key for s in flat_settings(CompressConfig)} | {"keep_verbatim"}  # the switch picks the method
+    """Refuse a flag of vkv's recipe that none of the methods evaluated takes, or that the run would not use, rather
+    than run without it: the recipe belongs to the methods with one (vkv, meanpool), the shared verbatim part's
+    settings to `--verbatim shared`, the target source to runs turn by turn (`--per-turn`, `--auto-ratio`). A setting
+    a method also declares (`--head-budget`, `--distill-steps`, …) is checked with the methods' options
+    (`given_options`)."""
     shared = set(method_options())
-    for s in flat_settings(MultiTurnConfig):
+    for s in flat_settings(VkvRecipe):
         given = getattr(args, s.key, None)
-        if given is None or given == s.default or s.key in shared or s.key == "keep_verbatim":
+        if given is None or given == s.default or s.key in shared:
             continue
-        verbatim = s.key.startswith("verbatim_")
-        if s.key in whole_span:
-            if not any(c.recipe_class is not None for c in classes):
-                raise VkvError(
-                    f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (vkv's recipe does)"
-                )
-        elif not any(
-            c.recipe_class is MultiTurnConfig or (verbatim and "verbatim" in c.option_names()) for c in classes
-        ):
-            needs = "--keep-verbatim" if verbatim else "--per-turn"
+        if not any(c.recipe_class is VkvRecipe for c in classes):
             raise VkvError(
-                f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (it needs {needs})"
+                f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (vkv's recipe does)"
             )
+        if s.path[0] == "shared" and getattr(args, "verbatim", None) != "shared":
+            raise VkvError(f"{s.flag}: it sets the shared verbatim part, which only --verbatim shared keeps")
+        if s.key == "target_source" and not (getattr(args, "per_turn", None) or getattr(args, "auto_ratio", None)):
+            raise VkvError(f"{s.flag}: it sets the targets of a run turn by turn (--per-turn or --auto-ratio)")
 
 
 def method_class(name: str, args: argparse.Namespace) -> type:
-    """The class `--method name` runs: vkv with --per-turn is vkv's turn-by-turn method, and with --keep-verbatim
-    alone its per-turn verbatim method over the whole span, which the registry, sweeps and stored run ids know as
-    `sequential` and `hybrid` (so that those runs keep their ids)."""
-    if name not in METHODS or name in VKV_MODES:
-        names = ", ".join(n for n in METHODS if n not in VKV_MODES)
-        raise VkvError(f"--method: unknown method '{name}'; choose from {names}")
-    return METHODS[registered_name(name, getattr(args, "per_turn", None), getattr(args, "keep_verbatim", None))]
+    """The class `--method name` runs (vkv's earlier mode methods refused, naming today's options)."""
+    renamed = renamed_method(name)
+    if renamed:
+        raise VkvError(f"--method: {renamed}")
+    if name not in METHODS:
+        raise VkvError(f"--method: unknown method '{name}'; choose from {', '.join(METHODS)}")
+    return METHODS[name]
 
 
-def _per_turn(cls) -> bool:
-    return "per_turn" in cls.option_names() or cls.name == PER_TURN_VKV
-
-
-def build_method(cls, recipe: MultiTurnConfig, args: argparse.Namespace, given: dict[str, MethodOption]):
+def build_method(cls, recipe: VkvRecipe, args: argparse.Namespace, given: dict[str, MethodOption]):
     """`cls` with the part of the recipe it takes and the options given that it has."""
     options = {o.field: getattr(args, key) for key, o in given.items() if cls.name in o.owners}
-    if cls.recipe_class is MultiTurnConfig:
+    if cls.recipe_class is VkvRecipe:
         options["recipe"] = recipe
     elif cls.recipe_class is not None:  # its own class: defaults that depend on the recipe are its own
         options["recipe"] = from_flat(cls.recipe_class, recipe_flags(args)).validate()
-    if "verbatim" in cls.option_names():
-        options["verbatim"] = recipe.verbatim
     return cls(**options)

@@ -18,22 +18,21 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vkv import upgrade
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
-from vkv.compress.budget import allocate, span_budget
+from vkv.compress.budget import allocate
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
 from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.single import fitted_verbatim, render_within_positions, virtual_segment
+from vkv.compress.single import fitted_verbatim, virtual_segment
 from vkv.compress.targets import target_kind
-from vkv.compress.turn import Turn, TurnView, message_turns, view_on_cache
+from vkv.compress.turn import Turn, TurnView, view_on_cache
 from vkv.compress.work import TurnWork
 from vkv.errors import VkvError
-from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, verbatim_segment
 from vkv.kv.spliced import SplicedCache
@@ -43,38 +42,64 @@ from vkv.lm.frozen import FrozenLM
 from vkv.settings import Config, nested, setting
 
 TARGET_MODES = ("oracle", "online")
+VERBATIM_MODES = ("none", "per-head", "shared")
 
 
 @dataclass
-class MultiTurnConfig(Config):
-    """How a span is compressed turn by turn, or as one unit with verbatim tokens or a per-turn ratio: vkv's recipe,
-    where the targets come from, the verbatim share and the loss tolerance."""
+class VkvRecipe(Config):
+    """vkv's recipe: how its virtual tokens are made (`compress`), the verbatim part they sit beside, where a
+    per-turn run's targets come from, and auto-ratio's tolerance. `validate` decides the verbatim mode, the one place
+    it is decided."""
 
     compress: CompressConfig = nested(CompressConfig)
+    verbatim: str | None = setting(
+        None,
+        "the verbatim part beside the virtual tokens: per-head (each KV head keeps its own share of the budget as "
+        "entries fitted or chosen by --verbatim-source, --verbatim-share), shared (one set of tokens every head keeps, "
+        "--verbatim-fraction, --verbatim-keep-by), none (virtual tokens alone); default: per-head where the recipe "
+        "allows it (a per-head head budget ranked by reconstruction, no fit_bias), else none",
+        VERBATIM_MODES,
+    )
+    shared: HybridConfig = nested(HybridConfig, prefix="verbatim_")  # the shared verbatim part's settings
     target_source: str = setting(
         "oracle", "oracle: V from the full uncompressed history; online: V on top of the compressed cache", TARGET_MODES
     )
-    keep_verbatim: bool = setting(
-        False, "per-turn verbatim: keep a share of each turn's tokens verbatim (--verbatim-*), compress the rest"
-    )
-    verbatim: HybridConfig = nested(HybridConfig, prefix="verbatim_")
     auto_ratio: bool = setting(
         False, "per turn, the highest ratio of --ladder whose V loss stays within --max-loss (instead of --ratio)"
     )
     tolerance: AutoRatioConfig = nested(AutoRatioConfig)
 
-    def validate(self) -> MultiTurnConfig:
+    def validate(self) -> VkvRecipe:
+        """The recipe to run, every default that depends on the rest of it filled in (a copy): the verbatim mode, and
+        the virtual tokens' recipe as that mode takes it (no per-head share beside a shared part or with none)."""
         if self.tolerance.max_loss is not None and not self.auto_ratio:
             raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
-        if self.keep_verbatim:  # the hybrid keeps its own verbatim tokens for every head
-            self.compress = HybridRecipe.of(self.compress)
-        self.compress = self.compress.validate()
-        self.verbatim.validate()
+        mode, compress = self.verbatim, self.compress
+        if mode == "shared":  # the shared part is every head's verbatim entries
+            compress = HybridRecipe.of(compress).validate()
+        elif mode == "none":
+            if compress.verbatim_share:
+                raise VkvError(
+                    f"field verbatim_share: {compress.verbatim_share:g} keeps a per-head verbatim part, and field "
+                    "verbatim is none; give verbatim per-head, or leave verbatim_share out"
+                )
+            compress = replace(compress, verbatim_share=0.0).validate()
+        else:
+            compress = compress.validate()
+            if mode == "per-head" and not compress.verbatim_share:
+                raise VkvError(
+                    "field verbatim: per-head needs a per-head verbatim share, and this recipe keeps none (a shared "
+                    "head budget, share_scores readout, fit_bias or verbatim_share 0); give verbatim none"
+                )
+            mode = "per-head" if compress.verbatim_share else "none"
+        if mode not in VERBATIM_MODES:
+            raise VkvError(f"field verbatim: unknown value {mode!r}; choose one of {', '.join(VERBATIM_MODES)}")
+        self.shared.validate()
         if self.auto_ratio:
             self.tolerance.validate()
-        return self
+        return replace(self, compress=compress, verbatim=mode)
 
-    def check_turn_by_turn(self) -> MultiTurnConfig:
+    def check_turn_by_turn(self) -> VkvRecipe:
         """Refuse a recipe that turn-by-turn compression cannot run (the single-span path takes it)."""
         if self.compress.pooling == "attention":
             raise VkvError("attention pooling needs a question, so per-turn compression cannot use it")
@@ -86,7 +111,7 @@ class MultiTurnConfig(Config):
 
     @staticmethod
     def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-        return upgrade.multiturn(d)
+        return upgrade.vkv_recipe(d)
 
 
 class FullHistory:
@@ -184,7 +209,7 @@ def compress_virtual_turns(
     ids: list[int],
     turns: list[Turn],
     cache: SplicedCache,
-    config: MultiTurnConfig,
+    config: VkvRecipe,
     budget: int | None,
     history: FullHistory | None = None,
     message_starts: list[int] | None = None,
@@ -194,8 +219,8 @@ def compress_virtual_turns(
     proportion to their lengths, or each turn's own by auto-ratio (then `budget` is None), appended to `cache`.
 
     `history` (the uncompressed conversation over the turns) is required for oracle targets and gives the target
-    drift in either mode."""
-    config.validate().check_turn_by_turn()
+    drift in either mode. `config`: a validated recipe (`VkvRecipe.validate`)."""
+    config.check_turn_by_turn()
     oracle_targets = config.target_source == "oracle"
     if oracle_targets and history is None:
         raise VkvError("oracle targets need the full uncompressed history; use online targets without it")
@@ -224,7 +249,7 @@ def compress_virtual_turns(
 
 
 def _turn_segment(
-    lm, ids, turn: Turn, view: TurnView, running: SplicedCache, budget: int, config: MultiTurnConfig, message_starts
+    lm, ids, turn: Turn, view: TurnView, running: SplicedCache, budget: int, config: VkvRecipe, message_starts
 ) -> Segment:
     work = TurnWork.fed(lm, ids, message_starts, None, config.compress.optim.seed, running, turn, view)
     prefix = work.prefix()
@@ -232,7 +257,7 @@ def _turn_segment(
     scores = reconstruction_scores(work) if config.compress.needs_reconstruction else None
 
     def build(entries: int) -> Segment:
-        if config.keep_verbatim:
+        if config.verbatim == "shared":
             return hybrid_segment(
                 lm,
                 ids,
@@ -241,7 +266,7 @@ def _turn_segment(
                 prefix,
                 entries,
                 config.compress,
-                config.verbatim,
+                config.shared,
                 message_starts,
                 token_scores=scores,
             )
@@ -262,37 +287,3 @@ def _turn_segment(
     if config.auto_ratio:
         return choose_ratio(turn.length, build, view.verbatim, config.tolerance)
     return build(budget)
-
-
-def compress_transcript_turns(
-    lm: FrozenLM,
-    transcript,
-    turns: tuple[int, int],
-    ratio: float,
-    plan: MultiTurnConfig,
-    per_turn: bool,
-    on_turn: Callable[[Turn, Segment], None] | None = None,
-) -> SplicedCache:
-    """Messages [turns[0], turns[1]) compressed at `ratio` (one segment per message with `per_turn`, else one
-    unit); messages before kept with their full-context K/V, messages after re-encoded on top; one segment each."""
-    plan.validate()
-    rendered = render_within_positions(lm, transcript)
-    start, end = rendered.token_span(*turns)
-    starts, roles = rendered.message_starts, rendered.message_roles
-    messages = message_turns(starts, roles, 0, len(rendered.ids))
-    span = messages[turns[0] : turns[1]] if per_turn else [Turn(turns[0], turns[1], None, start, end)]
-    budget = None if plan.auto_ratio else span_budget(end - start, ratio)
-    history = FullHistory.capture(lm, rendered.ids, start, end)
-    spliced = SplicedCache()
-    for turn in messages[: turns[0]]:
-        spliced.append(history.verbatim(turn))
-    compress_virtual_turns(lm, rendered.ids, span, spliced, plan, budget, history, starts, on_turn)
-    append_verbatim(lm, spliced, rendered.ids, messages[turns[1] :])
-    spliced.meta = cache_metadata(
-        lm,
-        transcript=transcript_record(transcript, turns, len(rendered.ids)),
-        config=plan.compress.to_dict(),
-        ratio=None if plan.auto_ratio else ratio,
-        multiturn={**plan.to_dict(), "per_turn": per_turn},
-    )
-    return spliced

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vkv.evals.metrics import mean
-from vkv.methods import spoken_name
+from vkv.upgrade import method_label
 
 
 def base_transcript(result: dict[str, Any]) -> str:
@@ -17,7 +17,7 @@ def base_transcript(result: dict[str, Any]) -> str:
 def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> list[dict[str, Any]]:
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in results:
-        method = spoken_name(r["method"]) + (" (question-aware)" if r.get("question_aware") else "")
+        method = method_label(r["method"]) + (" (question-aware)" if r.get("question_aware") else "")
         key = (base_transcript(r) if by_transcript else "*", method, r.get("ratio_requested"))
         groups[key].append(r)
     rows = []

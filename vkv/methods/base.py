@@ -7,8 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from vkv.compress.budget import allocate
+from vkv.compress.sequential import compress_turns
+from vkv.compress.turn import Turn
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment, SegmentGroup
+from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 from vkv.methods.turns import compress_per_turn, turn_compressor
 from vkv.methods.work import TextWork
@@ -25,7 +29,7 @@ class Method:
     reference: ClassVar[bool] = False  # full and none: the harness measures them once per window
     reports_steps: ClassVar[bool] = False  # calls on_step(step, loss) while it optimises
     recipe_class: ClassVar[type | None] = None  # the config its `recipe` option takes, whose settings are flags and
-    # top-level sweep keys (vkv's CompressConfig, sequential's MultiTurnConfig)
+    # top-level sweep keys (vkv's VkvRecipe)
 
     @classmethod
     def option_names(cls) -> tuple[str, ...]:
@@ -34,6 +38,11 @@ class Method:
     @property
     def question_aware(self) -> bool:
         """Whether it was given what no live agent has (an evaluation question)."""
+        return False
+
+    @property
+    def chooses_ratio(self) -> bool:
+        """Whether the method chooses each turn's ratio itself, so that it is given none (vkv's auto-ratio)."""
         return False
 
     def compress(
@@ -51,6 +60,11 @@ class Method:
         """Every option with its effective value: what the run's identity and results record."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Method:
+        """The method `config()` recorded (a saved session's)."""
+        return cls(**config)
+
 
 @dataclass
 class BudgetMethod(Method):
@@ -64,11 +78,24 @@ class BudgetMethod(Method):
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment | SegmentGroup:
         raise NotImplementedError
 
-    def turn_compressor(self, lm, ids: list[int], message_starts: list[int], message_roles: list[str], seed: int = 0):
-        """This method compressing one message at a time on a running cache (`compress_turns`'s `compress_turn`):
-        what `Session.compress(method=...)` runs."""
+    def compress_messages(
+        self,
+        lm: FrozenLM,
+        ids: list[int],
+        turns: list[Turn],
+        cache: SplicedCache,
+        budget: int,
+        message_starts: list[int],
+        message_roles: list[str],
+        seed: int = 0,
+        on_turn: Callable[[Turn, Segment], None] | None = None,
+    ) -> list[Segment]:
+        """`turns` compressed one message at a time on the running `cache` (which ends where the first starts), the
+        `budget` shared over them in proportion to their lengths: what `Session.compress` runs."""
         self.check()
-        return turn_compressor(lm, ids, message_starts, message_roles, seed, self.compress_to)
+        compress_turn = turn_compressor(lm, ids, message_starts, message_roles, seed, self.compress_to)
+        budgets = allocate([t.length for t in turns], budget)
+        return compress_turns(lm, ids, turns, cache, budgets, compress_turn, True, on_turn)
 
 
 @dataclass

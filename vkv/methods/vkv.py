@@ -1,34 +1,110 @@
-from dataclasses import dataclass, replace
-from typing import ClassVar
+"""vkv's virtual tokens as a method: one method whose modes are fields, as every method's options are. `per_turn`
+compresses each message when it ends, on the running cache; the recipe's `verbatim` says which verbatim part sits
+beside the virtual tokens (per-head, shared or none) and `auto_ratio` lets each turn choose its ratio."""
 
-from vkv.compress.config import CompressConfig
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+from vkv.compress.hybrid import hybrid_segment
+from vkv.compress.reconstruction import reconstruction_scores
+from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
 from vkv.compress.single import span_segment
+from vkv.compress.turn import Turn, message_turns
 from vkv.compress.work import SpanWork
-from vkv.kv.segment import Segment
-from vkv.methods.base import BudgetMethod
+from vkv.kv.report import cache_rows
+from vkv.kv.segment import Segment, SegmentGroup
+from vkv.kv.spliced import SplicedCache
+from vkv.methods.base import PerTurnMethod
 
 
 @dataclass
-class VirtualTokens(BudgetMethod):
-    """vkv: virtual tokens optimised so their per-layer V match surprisal-pooled targets."""
+class VirtualTokens(PerTurnMethod):
+    """vkv: virtual tokens optimised so their per-layer V match surprisal-pooled targets, beside the recipe's verbatim
+    part; per turn (`per_turn`), each message's on top of the running compressed cache, with targets from the full
+    history (`oracle`) or from the running cache (`online`)."""
 
     name = "vkv"
     reports_steps = True
-    recipe_class: ClassVar[type] = CompressConfig
-    recipe: CompressConfig | None = None  # None: the defaults
+    recipe_class: ClassVar[type] = VkvRecipe
+    recipe: VkvRecipe | None = None  # None: the defaults
 
-    def settings(self) -> CompressConfig:
-        return (self.recipe or CompressConfig()).validate()
+    def settings(self) -> VkvRecipe:
+        """The recipe resolved once (`VkvRecipe.validate`): what runs below this method is not validated again."""
+        return (self.recipe or VkvRecipe()).validate()
 
     @property
     def question_aware(self) -> bool:
-        return self.settings().pooling == "attention"
+        return self.settings().compress.pooling == "attention"
 
-    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        return span_segment(work, self.settings(), budget, on_step)
+    @property
+    def chooses_ratio(self) -> bool:
+        """Whether each turn chooses its own ratio (auto-ratio), so that no ratio is given."""
+        return self.settings().auto_ratio
 
-    def config(self) -> dict:
-        return self.settings().to_dict()
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
+        self.check()
+        recipe = self.settings()
+        return self._compressed(work, None if recipe.auto_ratio else work.budget(ratio), recipe, on_step)
+
+    def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment | SegmentGroup:
+        return self._compressed(work, budget, self.settings(), on_step)
+
+    def _compressed(self, work: SpanWork, budget: int | None, recipe: VkvRecipe, on_step) -> Segment | SegmentGroup:
+        """The span's segment by the recipe's mode: turn by turn (per turn, or the span as one turn choosing its
+        ratio), or the whole span beside a shared or per-head verbatim part."""
+        if self.per_turn or recipe.auto_ratio:
+            return _turn_by_turn(work, budget, recipe, self.per_turn)
+        if recipe.verbatim == "shared":
+            span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
+            scores = reconstruction_scores(work) if recipe.compress.needs_reconstruction else None
+            return hybrid_segment(
+                work.lm,
+                work.ids,
+                work.acts,
+                span_kv,
+                work.prefix(),
+                budget,
+                recipe.compress,
+                recipe.shared,
+                work.message_starts,
+                on_step,
+                scores,
+            )
+        return span_segment(work, recipe.compress, budget, on_step)
+
+    def compress_messages(self, lm, ids, turns, cache, budget, message_starts, message_roles, seed=0, on_turn=None):
+        """Each of `turns` compressed in order on the running `cache` (a Session's messages), as per turn: oracle
+        targets read the full history of the turns, captured here."""
+        recipe = self.settings()
+        history = None
+        if recipe.target_source == "oracle":
+            history = FullHistory.capture(lm, ids, turns[0].start, turns[-1].end)
+        budget = None if recipe.auto_ratio else budget
+        return compress_virtual_turns(lm, ids, turns, cache, recipe, budget, history, on_turn=on_turn)
+
+    def config(self) -> dict[str, Any]:
+        return {**self.settings().to_dict(), "per_turn": self.per_turn}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "VirtualTokens":
+        config = dict(config)
+        per_turn = config.pop("per_turn", False)
+        return cls(recipe=VkvRecipe.from_dict(config), per_turn=per_turn)
+
+
+def _turn_by_turn(work: SpanWork, budget: int | None, recipe: VkvRecipe, per_turn: bool) -> SegmentGroup:
+    """The span's messages (per turn) or the span as one turn, each compressed on the cache the earlier ones left,
+    with targets from the work's full history or from that cache."""
+    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+    if not per_turn:
+        turns = [Turn(turns[0].first, turns[-1].last, None, work.start, work.end)]
+    history = FullHistory(work.acts, work.kv)
+    segments = compress_virtual_turns(
+        work.lm, work.ids, turns, work.prefix_cache(), recipe, budget, history, work.message_starts
+    )
+    seconds = round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)
+    stats = {"targets": recipe.target_source, "turns": cache_rows(SplicedCache(segments)), "seconds": seconds}
+    return SegmentGroup(segments, stats)
 
 
 @dataclass
@@ -38,6 +114,7 @@ class MeanPool(VirtualTokens):
     name = "meanpool"
     reports_steps = False  # it takes no optimisation step, so no progress bar counts them
 
-    def settings(self) -> CompressConfig:
+    def settings(self) -> VkvRecipe:
         recipe = super().settings()
-        return replace(recipe, optim=replace(recipe.optim, steps=0))
+        compress = replace(recipe.compress, optim=replace(recipe.compress.optim, steps=0))
+        return replace(recipe, compress=compress)

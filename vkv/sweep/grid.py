@@ -4,7 +4,6 @@ objects they describe. See `vkv.sweep` for the file format."""
 from __future__ import annotations
 
 import glob
-import importlib
 import itertools
 import json
 import math
@@ -16,14 +15,14 @@ from typing import Any
 
 import tomllib
 
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.io import check_depth, read_input_text
 from vkv.lm.load import QUANTS
-from vkv.methods import METHODS, get_method, registered_name
+from vkv.methods import METHODS, get_method
 from vkv.settings import Setting, check_value, flat_settings, from_flat
-from vkv.upgrade import RENAMED_SWEEP_KEYS
+from vkv.upgrade import OLD_VKV_METHODS, RENAMED_SWEEP_KEYS, grid_point
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes no larger seed
@@ -34,9 +33,9 @@ PLAIN_KEYS = ("model", "quant", *AXIS_NAMES, *UNIT_KEYS)
 
 def recipe_settings(recipe_class: type | None = None) -> dict[str, Setting]:
     """Grid keys that set a field of a method's recipe (nested ones flat: steps, distill_steps, verbatim_fraction),
-    by key: `recipe_class`'s, or every recipe's (MultiTurnConfig holds CompressConfig); the seed comes from `seeds`
+    by key: `recipe_class`'s, or vkv's (VkvRecipe holds CompressConfig); the seed comes from `seeds`
     and the ratio from `ratios`."""
-    return {s.key: s for s in flat_settings(recipe_class or MultiTurnConfig) if s.key != "seed"}
+    return {s.key: s for s in flat_settings(recipe_class or VkvRecipe) if s.key != "seed"}
 
 
 def _renamed(where: str, key: str) -> None:
@@ -140,8 +139,8 @@ def _quants() -> tuple[str, ...]:
 
 
 def _method_names() -> tuple[str, ...]:
-
-    return tuple(METHODS)
+    """The names a method table may have: the registry's, and vkv's earlier mode methods (read as vkv's options)."""
+    return (*METHODS, *OLD_VKV_METHODS)
 
 
 # ---- grid points --------------------------------------------------------------------------------------------
@@ -190,7 +189,8 @@ def _relevant(point: dict, where: str) -> dict:
     """Check a point's values and keep only what its method takes."""
     for key in point:
         _renamed(where, key)
-    name = _vkv_mode(point, where)
+    point = grid_point(point)  # vkv's earlier mode methods and switches as its options, each meaning what it did
+    name = point["method"]
     if name not in METHODS:
         raise VkvError(f"{where}: field methods: unknown method '{name}'; choose from {', '.join(METHODS)}")
     cls = METHODS[name]
@@ -230,22 +230,6 @@ def _relevant(point: dict, where: str) -> dict:
     return out
 
 
-def _vkv_mode(point: dict, where: str) -> str:
-    """The registry's name of the point's method, taking vkv's switches off the point (`vkv = { per_turn = true }`,
-    `vkv = { keep_verbatim = true }`): vkv per turn and vkv with per-turn verbatim tokens are the methods registered
-    as `sequential` and `hybrid` (the names older files use, read as they are), so both spellings make the same point
-    and thus the same run id. Per turn, keep_verbatim is the setting of the turn-by-turn recipe it is there."""
-    switches = {}
-    for switch in ("per_turn", "keep_verbatim"):
-        value = point.pop(f"vkv.{switch}", None) if point["method"] == "vkv" else None
-        if value is not None and not isinstance(value, bool):
-            raise VkvError(f"{where}: field vkv.{switch}: expected true or false, got {value!r}")
-        switches[switch] = value
-    if switches["per_turn"] and switches["keep_verbatim"] is not None:
-        point["keep_verbatim"] = switches["keep_verbatim"]
-    return registered_name(point["method"], switches["per_turn"], switches["keep_verbatim"])
-
-
 def _ratio(value, where: str) -> float | None:
     if value is None:
         return None
@@ -279,20 +263,11 @@ def build_method(point: dict):
     return get_method(name, **options)
 
 
-OPTION_TABLES = {  # method options given as TOML tables, and the config class each becomes
-    ("hybrid", "verbatim"): ("vkv.compress.hybrid", "HybridConfig"),
-}
-
-
 def _option(method: str, option: str, value):
-    """A method option as the method takes it: TOML tables become their config dataclass (via from_dict)."""
-    if not isinstance(value, dict):
-        return value
-    if (method, option) not in OPTION_TABLES:
+    """A method option as the method takes it: a plain value (a table's settings are top-level keys)."""
+    if isinstance(value, dict):
         raise VkvError(
-            f"field {method}.{option}: a table was given, but vkv sweep does not know which settings "
-            f"class it describes (known: {', '.join(f'{m}.{o}' for m, o in OPTION_TABLES)})"
+            f"field {method}.{option}: a table was given, and method options are plain values (a recipe's settings "
+            "are top-level keys)"
         )
-
-    module, cls = OPTION_TABLES[(method, option)]
-    return getattr(importlib.import_module(module), cls).from_dict(value)
+    return value

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from vkv.errors import VkvError
-from vkv.methods import spoken_name
 from vkv.sweep.results import Skipped, read_results, skipped_sentences
+from vkv.upgrade import method_label
 
 REFERENCES = ("full", "none")
 
@@ -81,7 +81,7 @@ def _label(lines: list[dict]) -> None:
         if len(set(names.values())) < len(names):
             names = {k: k.removeprefix("config.") for k in varying}
         for line, flat in zip(group, settings):
-            parts = [spoken_name(method)] + [f"{names[k]}={_short(flat.get(k))}" for k in varying]
+            parts = [method_label(method)] + [f"{names[k]}={_short(flat.get(k))}" for k in varying]
             if len(models) > 1:
                 parts.insert(0, f"{line['run']['model'].split('/')[-1]}/{line['identity']['quant']}")
             line["variant"] = " ".join(parts)
