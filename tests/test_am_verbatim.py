@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES
+from vkv.api.compress import compress_with
 from vkv.api.session import Session
 from vkv.compress.budget import span_budget
 from vkv.compress.compaction import Compaction
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_hybrid import HeadSplit, Verbatim
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_transcript_turns
+from vkv.compress.sequential import FullHistory, VkvRecipe
 from vkv.compress.single import compress_span
 from vkv.compress.turn import message_turns, view_on_cache
 from vkv.compress.work import TurnWork
@@ -122,8 +123,8 @@ def test_per_turn_each_turn_keeps_ams_fit_on_the_running_cache(evaluation):
     lm, transcript = evaluation.lm, evaluation.transcript
     rendered = render(transcript, lm.tokenizer)
     first = max(range(1, 8), key=lambda i: len(transcript.messages[i].content))  # the longest message
-    plan = MultiTurnConfig(target_source="online", compress=AM_SOURCE)
-    spliced = compress_transcript_turns(lm, transcript, (first, first + 1), 3.0, plan, per_turn=True)
+    plan = VkvRecipe(target_source="online", compress=AM_SOURCE)
+    spliced = compress_with(lm, transcript, (first, first + 1), get_method("vkv", recipe=plan, per_turn=True), 3.0)
     starts = [s.start for s in rendered.spans]
     (turn,) = message_turns(starts, None, *rendered.token_span(first, first + 1))
     history = FullHistory.capture(lm, rendered.ids, turn.start, turn.end)
@@ -148,7 +149,7 @@ def test_a_session_compresses_with_the_am_source_recipe(evaluation):
     neutral = {"virtual_offset": 0.0, "proportional_attention": False}
     for source, fitted in (("kvzip", False), ("am", True)):
         recipe = dataclasses.replace(AM_SOURCE, verbatim_source=source, **neutral)
-        session = Session(lm, MultiTurnConfig(target_source="online", compress=recipe))
+        session = Session(lm, get_method("vkv", recipe=VkvRecipe(target_source="online", compress=recipe)))
         session.extend(transcript.messages)
         segments = session.compress(turns=(1, 4), ratio=3.0)
         assert len(segments) == 3

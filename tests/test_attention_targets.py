@@ -12,7 +12,7 @@ from vkv.compress.kv_loss import layer_losses
 from vkv.compress.optimise import OptimConfig, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.compress.single import compress_span
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
@@ -80,7 +80,7 @@ def test_compress_with_attention_targets_end_to_end(tiny_llama):
 
 def test_per_turn_and_per_turn_verbatim_refuse_attention_targets(tiny_llama):
     with pytest.raises(VkvError, match="not implemented for per-turn compression"):
-        MultiTurnConfig(compress=CompressConfig(target="v+attention")).check_turn_by_turn()
+        VkvRecipe(compress=CompressConfig(target="v+attention")).check_turn_by_turn()
     ids, start, end = _span(tiny_llama)
     acts, cache = capture_span(tiny_llama, ids, start, end, keep_cache=True)
     span_kv = KVPrefix(

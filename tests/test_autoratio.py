@@ -10,10 +10,11 @@ from vkv.compress.budget import entries_at
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_weights
-from vkv.compress.sequential import FullHistory, MultiTurnConfig
+from vkv.compress.sequential import FullHistory, VkvRecipe
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment
+from vkv.methods import get_method
 from vkv.text.transcript import load_transcript
 
 LADDER = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
@@ -48,10 +49,10 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
 
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     max_loss = 0.12
-    config = MultiTurnConfig(
+    config = VkvRecipe(
         CompressConfig(optim=OptimConfig(steps=3)), auto_ratio=True, tolerance=AutoRatioConfig(max_loss, LADDER)
     )
-    session = Session(tiny_llama, config)
+    session = Session(tiny_llama, get_method("vkv", recipe=config))
     session.extend(list(transcript.messages[:5]))
     session.compress(turns=(1, 5))
     history = FullHistory.capture(tiny_llama, session.ids, session.turns[1].start, session.turns[4].end)

@@ -9,6 +9,7 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_mass, partition, partition_by_mass
+from vkv.compress.sequential import VkvRecipe
 from vkv.compress.single import compress_span
 from vkv.errors import VkvError
 from vkv.lm.capture import capture_span
@@ -47,9 +48,8 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
     config = CompressConfig(
         boundaries="surprisal", mass_floor=0.0, positions="centres", head_budget="shared", optim=OptimConfig(steps=2)
     )
-    segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
-        evaluation.work, 3.2
-    )
+    recipe = VkvRecipe(config, verbatim="shared", shared=HybridConfig(0.15, "surprisal"))
+    segment = get_method("vkv", recipe=recipe).compress(evaluation.work, 3.2)
     work = evaluation.work
     kept = set(segment.stats["verbatim_positions"])
     rest = torch.tensor([p for p in range(work.start, work.end) if p not in kept]) - work.start

@@ -121,7 +121,7 @@ def test_a_running_compression_takes_only_the_new_messages(smol, monkeypatch, ca
     session = Session.load(saved, smol)
     compressed = [s.compressed for s in session.cache.segments]
     assert compressed == [False] * 8 + [True] * 4  # the transcript's messages stay as the chat opened them
-    assert session.method == "knorm"
+    assert session.method.name == "knorm"
 
 
 def test_a_recipe_flag_is_refused_for_a_method_without_one(capsys):

@@ -100,14 +100,14 @@ def test_compress_refuses_what_a_method_does_not_have(mini_transcript_path_modul
 @pytest.mark.parametrize(
     "argv",
     [
-        ["eval", "--method", "kvzip,am,snapkv,vkv"],  # vkv's per-turn mode is a method of its own beside them
+        ["eval", "--method", "kvzip,am,snapkv,vkv"],
         ["eval", "--method", "kvzip"],
         ["compress", "--method", "am", "--out", "c.safetensors"],
     ],
 )
 def test_per_turn_reaches_every_method_given(mini_transcript_path_module, argv):
     """`--per-turn` is each method's own per-turn mode, never dropped: a method built from the command line runs per
-    turn, and vkv runs its turn-by-turn method."""
+    turn, vkv included."""
     command, *flags = argv
     args = build_parser().parse_args([command, str(mini_transcript_path_module), *flags, "--per-turn"])
     names = args.method if isinstance(args.method, (list, tuple)) else [args.method]
@@ -115,4 +115,4 @@ def test_per_turn_reaches_every_method_given(mini_transcript_path_module, argv):
     options = given_options(args, classes)
     for cls in classes:
         method = build_method(cls, recipe_from_args(args), args, options)
-        assert method.per_turn if hasattr(method, "per_turn") else cls.name == "sequential"
+        assert method.per_turn

@@ -25,7 +25,7 @@ from vkv.cli.prune import PruneConfig
 from vkv.cli.render import RenderConfig
 from vkv.cli.tools import DoctorConfig
 from vkv.cli.validate import ValidateConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.evals.runner import EvalSettings
 from vkv.methods import METHODS
 from vkv.settings import from_args, nested, setting
@@ -58,10 +58,10 @@ COMMANDS = [
     (["validate", "t.json"], {}, EvalSettings, ("max_new_tokens", "seed")),  # validation generates nothing
     (["models", "fetch", "smollm2-135m"], {}, FetchConfig, ()),
     (["compress", "t.json"], {"out": "c.safetensors"}, CompressCommand, ()),
-    (["compress", "t.json"], {"out": "c.safetensors"}, MultiTurnConfig, ()),
+    (["compress", "t.json"], {"out": "c.safetensors"}, VkvRecipe, ()),
     (["eval", "t.json"], {}, EvalCommand, ()),
     (["eval", "t.json"], {}, EvalSettings, ()),  # its seed is the recipe's --seed
-    (["chat", "t.json"], {}, MultiTurnConfig, ("target_source",)),  # a chat's targets come from its running cache
+    (["chat", "t.json"], {}, VkvRecipe, ("target_source",)),  # a chat's targets come from its running cache
 ]
 IDS = [f"{' '.join(words[:2])}:{config.__name__}" for words, _, config, _ in COMMANDS]
 
@@ -122,8 +122,8 @@ def test_every_field_of_the_config_is_a_flag_with_its_default(words, required, c
 def test_a_command_without_optional_flags_builds_the_default_config(words, required, config, skip):
     given = [word for key, value in required.items() for word in ("--" + key.replace("_", "-"), value)]
     args = build_parser().parse_args(words + given)
-    if config is MultiTurnConfig:  # as the commands build it: validated, its resolved defaults filled in
-        built, defaults = recipe_from_args(args), MultiTurnConfig().validate()
+    if config is VkvRecipe:  # as the commands build it: validated, its resolved defaults filled in
+        built, defaults = recipe_from_args(args), VkvRecipe().validate()
     else:
         built, defaults = from_args(config, args), None
     for key, path, default in leaves(config):
@@ -196,7 +196,7 @@ def test_a_declared_upper_bound_is_held_alike_by_flags_files_and_python(capsys):
     with pytest.raises(VkvError, match=r"field max_share: must be a finite number in \[0, 1\), got 1.0"):
         HybridConfig(max_share=1.0).validate()
     assert HybridConfig(max_share=0.99).validate().max_share == 0.99
-    assert main(["eval", "t.json", "--method", "vkv", "--keep-verbatim", "--verbatim-fraction", "1"]) == 2
+    assert main(["eval", "t.json", "--method", "vkv", "--verbatim", "shared", "--verbatim-fraction", "1"]) == 2
     assert "must be a finite number in [0, 1), got 1.0" in capsys.readouterr().err
     assert main(["eval", "t.json", "--method", "vkv", "--betas", "0.9,1.5"]) == 2
     assert "--betas: must be a finite number in [0, 1), got 1.5" in capsys.readouterr().err

@@ -73,10 +73,12 @@ def test_rebuilt_kv_equal_the_kv_file(smol, caches):
 
 
 def test_sequential_segments_rebuild_on_the_biased_cache_before_them(smol, caches, tmp_path):
-    from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
+    from vkv.api.compress import compress_with
+    from vkv.compress.sequential import VkvRecipe
+    from vkv.methods import get_method
 
-    plan = MultiTurnConfig(CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=1)), target_source="online")
-    spliced = compress_transcript_turns(smol, caches.window, (2, 5), 4.0, plan, per_turn=True)
+    plan = VkvRecipe(CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=1)), target_source="online")
+    spliced = compress_with(smol, caches.window, (2, 5), get_method("vkv", recipe=plan, per_turn=True), 4.0)
     assert [s.kind for s in spliced.segments].count("virtual") == 3
     path = tmp_path / "sequential.safetensors"
     save_cache(spliced, path, store="embeddings", ids=caches.ids)
@@ -187,7 +189,7 @@ def test_refusals_are_one_clear_sentence(smol, smol_tokenizer, caches, tmp_path,
 
     for flags, message in (
         (["--store", "values"], "--store 'values'"),
-        (["--keep-verbatim"], "cannot hold --keep-verbatim"),
+        (["--verbatim", "shared"], "cannot hold --verbatim shared"),
         (["--verbatim-share", "0.9"], "cannot hold segments with a per-head verbatim share (--verbatim-share 0.9"),
     ):
         out = tmp_path / "never.safetensors"

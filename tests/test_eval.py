@@ -10,7 +10,7 @@ from tests.conftest import bundled_transcripts
 from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
 from vkv.methods import METHODS, get_method
@@ -38,7 +38,7 @@ def mini_transcript_path_module():
 @pytest.mark.parametrize("name", sorted(METHODS))
 @pytest.mark.parametrize("ratio", [2.0, 3.2])
 def test_every_method_keeps_the_budget_it_claims(evaluation, name, ratio, tiny_lamr_checkpoint):
-    recipe = MultiTurnConfig(FAST) if METHODS[name].recipe_class is MultiTurnConfig else FAST
+    recipe = VkvRecipe(FAST) if METHODS[name].recipe_class is VkvRecipe else FAST
     method = get_method(name, recipe=recipe, checkpoint=tiny_lamr_checkpoint)
     result = evaluation.evaluate(method, ratio)
     span = evaluation.end - evaluation.start

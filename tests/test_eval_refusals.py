@@ -49,13 +49,16 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
     ("flags", "refusal"),
     [
         (
-            ["--method", "kvzip,vkv", "--auto-ratio"],
-            "--auto-ratio: none of the methods kvzip, vkv takes it (it needs --per-turn)",
+            ["--method", "kvzip,am", "--auto-ratio"],
+            "--auto-ratio: none of the methods kvzip, am takes it (vkv's recipe does)",
         ),
-        (["--method", "vkv", "--target-source", "online"], "--target-source: none of the methods vkv takes it"),
+        (
+            ["--method", "vkv", "--target-source", "online"],
+            "--target-source: it sets the targets of a run turn by turn (--per-turn or --auto-ratio)",
+        ),
         (
             ["--method", "vkv", "--verbatim-fraction", "0.2"],
-            "--verbatim-fraction: none of the methods vkv takes it (it needs --keep-verbatim)",
+            "--verbatim-fraction: it sets the shared verbatim part, which only --verbatim shared keeps",
         ),
         (["--method", "kvzip", "--steps", "5"], "--steps: none of the methods kvzip takes it (vkv's recipe does)"),
         (
@@ -71,5 +74,5 @@ def test_a_recipe_flag_no_method_takes_is_refused_before_the_model_loads(flags, 
 
 def test_the_verbatim_settings_go_to_vkv_keeping_verbatim_tokens(tmp_path, capsys):
     argv = ["eval", str(tmp_path / "missing.json"), "--model", "smollm2-135m", "--method", "vkv"]
-    assert main([*argv, "--keep-verbatim", "--verbatim-fraction", "0.2"]) == 2
+    assert main([*argv, "--verbatim", "shared", "--verbatim-fraction", "0.2"]) == 2
     assert "missing.json" in capsys.readouterr().err  # refused later, for the transcript it cannot read

@@ -18,7 +18,7 @@ from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import Blocks
 from vkv.compress.problem import SpanProblem
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.compress.sequential import FullHistory, MultiTurnConfig, compress_virtual_turns
+from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
 from vkv.compress.single import compress_span
 from vkv.compress.turn import message_turns
 from vkv.compress.work import SpanWork, TurnWork
@@ -489,9 +489,9 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
     assert CompressConfig(verbatim_share=0.0).validate().proportional_attention is True
     assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
     assert HybridRecipe().validate().verbatim_share == 0.0  # the turn-level hybrid keeps its own verbatim tokens
-    assert MultiTurnConfig(keep_verbatim=True).validate().compress.verbatim_share == 0.0
+    assert VkvRecipe(verbatim="shared").validate().compress.verbatim_share == 0.0
     with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
-        MultiTurnConfig(CompressConfig(verbatim_share=0.5), keep_verbatim=True).validate()  # before any work
+        VkvRecipe(CompressConfig(verbatim_share=0.5), verbatim="shared").validate()  # before any work
     with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
         hybrid_segment(None, [], None, None, None, 1, CompressConfig(verbatim_share=0.5), HybridConfig())
     with pytest.raises(VkvError, match="field proportional_attention: expected bool or None, got 'yes'"):
@@ -520,7 +520,7 @@ def test_per_head_hybrid_per_turn_ranks_each_turn_by_its_reconstruction_pass_on_
     compress = CompressConfig(
         head_budget="uniform", verbatim_share=0.5, verbatim_source="kvzip", oversample=2.0, optim=OptimConfig(steps=1)
     )
-    config = MultiTurnConfig(compress=compress, target_source="online")
+    config = VkvRecipe(compress=compress, target_source="online")
     history = FullHistory(work.acts, work.kv)
     budget = work.budget(3.0)
     segments = compress_virtual_turns(
@@ -547,7 +547,7 @@ def test_turn_level_hybrid_ranks_its_virtual_tokens_by_the_reconstruction_pass(e
     did not keep) hold the tokens KVzip ranks best in that head."""
     work = evaluation.work
     recipe = HybridRecipe(head_budget="uniform", oversample=2.0, optim=OptimConfig(steps=1))
-    segment = get_method("hybrid", recipe=recipe).compress(work, 3.0)
+    segment = get_method("vkv", recipe=VkvRecipe(recipe, verbatim="shared")).compress(work, 3.0)
     share = verbatim_share(work.span_length, work.budget(3.0), HybridConfig())
     kept = choose_verbatim(work.acts, share, HybridConfig())
     rest = torch.tensor([i for i in range(work.span_length) if i not in set(kept.tolist())])

@@ -10,7 +10,7 @@ from vkv.api.session import Session
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.lm.capture import Activations
@@ -29,6 +29,11 @@ def evaluation(tiny_llama):
     )
 
 
+def shared_vkv(recipe: CompressConfig, shared: HybridConfig | None = None):
+    """vkv keeping one set of tokens verbatim for every head (`--verbatim shared`)."""
+    return get_method("vkv", recipe=VkvRecipe(recipe, verbatim="shared", shared=shared or HybridConfig()))
+
+
 def verbatim_entries(segment):
     return torch.tensor(segment.stats["verbatim_entries"], dtype=torch.long)
 
@@ -36,7 +41,7 @@ def verbatim_entries(segment):
 @pytest.mark.parametrize("keep_by", ["v-uniqueness", "surprisal"])
 def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluation, keep_by):
     work = evaluation.work
-    method = get_method("hybrid", recipe=FAST, verbatim=HybridConfig(0.15, keep_by))
+    method = shared_vkv(FAST, HybridConfig(0.15, keep_by))
     segment = method.compress(work, 3.2)
     assert segment.entries == work.budget(3.2)  # verbatim and virtual entries together meet the ratio
     kept = verbatim_entries(segment)
@@ -63,7 +68,7 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
 def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_budget(evaluation):
     work = evaluation.work
     recipe = CompressConfig(head_budget="adaptive", oversample=2.0, optim=OptimConfig(steps=2))
-    segment = get_method("hybrid", recipe=recipe, verbatim=HybridConfig(0.15, "surprisal")).compress(work, 3.2)
+    segment = shared_vkv(recipe, HybridConfig(0.15, "surprisal")).compress(work, 3.2)
     kept = verbatim_entries(segment)
     assert segment.real_entries == pytest.approx(work.budget(3.2))  # what heads reach meets the ratio
     assert segment.entries == len(kept) + 2 * segment.stats["virtual_entries"]  # twice the virtual slots
@@ -73,15 +78,13 @@ def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_bu
 
 def test_hybrid_without_proportional_attention_has_no_mass(evaluation):
     config = CompressConfig(proportional_attention=False, head_budget="shared", optim=OptimConfig(steps=2))
-    segment = get_method("hybrid", recipe=config, verbatim=HybridConfig(0.15, "surprisal")).compress(
-        evaluation.work, 3.2
-    )
+    segment = shared_vkv(config, HybridConfig(0.15, "surprisal")).compress(evaluation.work, 3.2)
     assert shared_mass(segment) is None
 
 
 def test_hybrid_segments_splice_and_report_the_achieved_ratio(evaluation):
     with pytest.warns(ShortTurnWarning):  # 15% of the span would take 73% of the 4.8× budget
-        result = evaluation.evaluate(get_method("hybrid", recipe=FAST), 4.8)
+        result = evaluation.evaluate(shared_vkv(FAST), 4.8)
     span = evaluation.end - evaluation.start
     assert result["compressed_entries"] == round(span / 4.8)
     assert result["optimisation"]["verbatim_kept"] + result["optimisation"]["virtual_entries"] == round(span / 4.8)
@@ -93,7 +96,10 @@ def test_sequential_hybrid_keeps_each_turns_own_kv(tiny_llama):
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     session = Session(
         tiny_llama,
-        MultiTurnConfig(FAST, target_source="online", keep_verbatim=True, verbatim=HybridConfig(0.15, max_share=0.9)),
+        get_method(
+            "vkv",
+            recipe=VkvRecipe(FAST, "shared", HybridConfig(0.15, max_share=0.9), target_source="online"),
+        ),
     )
     session.extend(list(transcript.messages[:4]))
     reference = [s for s in session.cache.segments]  # messages 0-3 verbatim: their real K/V on the same history
@@ -125,7 +131,7 @@ def test_short_turn_rule_caps_the_verbatim_share_and_warns(evaluation):
     assert verbatim_share(1000, 312, HybridConfig()).capped is False
     assert verbatim_share(10, 1, HybridConfig(max_share=0.9)).kept == 0  # one entry is always virtual
     with pytest.warns(ShortTurnWarning, match="keeping"):
-        segment = get_method("hybrid", recipe=FAST).compress(evaluation.work, 6.0)
+        segment = shared_vkv(FAST).compress(evaluation.work, 6.0)
     assert segment.stats["verbatim_capped"] is True
     assert segment.stats["verbatim_kept"] == int(0.5 * evaluation.work.budget(6.0))
 
@@ -137,20 +143,20 @@ def test_bad_hybrid_settings_are_clear_errors(evaluation):
         HybridConfig(fraction=1.5).validate()
     post_rope = CompressConfig(target="kv-post-rope", optim=OptimConfig(steps=1))
     with pytest.raises(VkvError, match="kv-post-rope"):
-        get_method("hybrid", recipe=post_rope).compress(evaluation.work, 3.2)
+        shared_vkv(post_rope).compress(evaluation.work, 3.2)
 
 
-def test_vkv_eval_with_keep_verbatim_runs_per_turn_verbatim_and_names_it_so(mini_transcript_path, tmp_path, capsys):
-    """`--method vkv --keep-verbatim` is the per-turn verbatim method end to end: its kept tokens are in the result's
-    segment stats, its verbatim settings reach it, and the tables name it as the command line spells it."""
+def test_vkv_eval_with_a_shared_verbatim_part_runs_it_end_to_end(mini_transcript_path, tmp_path, capsys):
+    """`--method vkv --verbatim shared` keeps one set of tokens verbatim for every head end to end: its settings reach
+    it and the result records the mode."""
     import json
 
     from vkv.cli import main
 
     out = tmp_path / "eval.json"
-    argv = ["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--keep-verbatim"]
+    argv = ["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "vkv", "--verbatim", "shared"]
     flags = ["--verbatim-fraction", "0.1", "--steps", "1", "--ratio", "3", "--max-new-tokens", "2", "--json", str(out)]
     assert main([*argv, *flags]) == 0
     (result,) = json.loads(out.read_text())
-    assert result["method"] == "hybrid" and result["config"]["verbatim"]["fraction"] == 0.1
-    assert "vkv keep-verbatim" in capsys.readouterr().out
+    assert result["method"] == "vkv" and result["config"]["verbatim"] == "shared"
+    assert result["config"]["shared"]["fraction"] == 0.1 and result["config"]["per_turn"] is False

@@ -12,7 +12,6 @@ import torch
 
 import vkv
 from tests.conftest import FIXTURES
-from vkv.compress.sequential import MultiTurnConfig
 from vkv.errors import VkvError
 from vkv.text.formats import import_conversation
 from vkv.text.transcript import load_transcript
@@ -125,8 +124,9 @@ def test_help_shows_vkv_compress_signature_and_documentation():
 
 
 def test_a_session_compresses_by_attention_matching_unless_told(tiny_llama, tmp_path):
-    assert vkv.Session(tiny_llama).method == "am"
-    assert vkv.Session(tiny_llama, MultiTurnConfig(target_source="online")).method == "vkv"  # a recipe: virtual tokens
+    assert vkv.Session(tiny_llama).method.name == "am"
+    by_name = vkv.Session(tiny_llama, "vkv").method  # vkv by name: targets from the running cache
+    assert by_name.name == "vkv" and by_name.settings().target_source == "online"
     with pytest.raises(VkvError, match="field method: unknown method 'zip'"):
         vkv.Session(tiny_llama, method="zip")
     session = vkv.Session(tiny_llama, method="knorm")

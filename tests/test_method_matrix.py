@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from tests.conftest import FIXTURES, build_tiny
+from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.file import save_cache
 from vkv.lm.context import Context
@@ -28,7 +29,7 @@ from vkv.methods.eviction import MASS_RULES
 from vkv.settings import Setting, flat_settings, from_flat
 from vkv.text.transcript import load_transcript
 
-OPTIONS = ("per_turn", "head_budget", "mass")  # crossed, each over every value it declares
+OPTIONS = ("per_turn", "head_budget", "mass", "verbatim")  # crossed, each over every value it declares
 RATIOS = (3.2, 16.0)
 # optimisers take one step where they are on by default (a stage off by default stays off): the matrix checks
 # plumbing, not quality
@@ -53,16 +54,28 @@ def choices(setting: Setting) -> tuple:
 
 
 def combinations() -> list:
-    """One case per method, product of the values of the options it declares, and ratio."""
+    """One case per method, product of the values of the options it declares, and ratio; a product the method's own
+    check refuses before any work (vkv's per-head verbatim beside a shared head budget) is no case."""
     cases = []
     for name in kv_methods():
         own, recipe = declared(name)
         axes = [(key, choices(own.get(key) or recipe[key])) for key in OPTIONS if key in own or key in recipe]
         for values in itertools.product(*(v for _, v in axes)):
             options = dict(zip((k for k, _ in axes), values))
+            if not accepted(name, options):
+                continue
             for ratio in RATIOS:
                 cases.append(pytest.param(name, options, ratio, id=case_id(name, options, ratio)))
     return cases
+
+
+def accepted(name: str, options: dict[str, object]) -> bool:
+    method = build(name, options)
+    try:
+        method.settings() if hasattr(method, "settings") else method.check()
+    except VkvError:
+        return False
+    return True
 
 
 def case_id(name: str, options: dict[str, object], ratio: float) -> str:
@@ -74,6 +87,8 @@ def case_id(name: str, options: dict[str, object], ratio: float) -> str:
         words.append(str(options["head_budget"]))
     if options.get("mass", "none") != "none":
         words.append(f"mass-{options['mass']}")
+    if options.get("verbatim"):
+        words.append(f"verbatim-{options['verbatim']}")
     return "-".join([*words, f"{ratio:g}"])
 
 
@@ -92,10 +107,14 @@ def build(name: str, options: dict[str, object]):
 
 def test_the_matrix_reaches_each_option_on_the_method_or_in_its_recipe():
     axes = {name: [p.values[1] for p in combinations() if p.values[0] == name] for name in kv_methods()}
-    assert {"vkv", "sequential", "kvzip", "snapkv", "am"} <= set(axes)
-    assert {o["head_budget"] for o in axes["sequential"]} == {"shared", "uniform", "adaptive", "global"}  # nested
+    assert {"vkv", "kvzip", "snapkv", "am"} <= set(axes)
+    assert {o["head_budget"] for o in axes["vkv"]} == {"shared", "uniform", "adaptive", "global"}  # nested
+    assert {(o["per_turn"], o["verbatim"]) for o in axes["vkv"]} == set(
+        itertools.product((False, True), ("none", "per-head", "shared"))
+    )  # vkv's modes are its fields, crossed as every option is
+    assert ("shared", "per-head") not in {(o["head_budget"], o["verbatim"]) for o in axes["vkv"]}  # refused
     assert {(o["per_turn"], o["mass"]) for o in axes["kvzip"]} == set(itertools.product((False, True), MASS_RULES))
-    assert build("sequential", {"head_budget": "global"}).settings().compress.optim.steps == 1
+    assert build("vkv", {"head_budget": "global", "per_turn": True}).settings().compress.optim.steps == 1
 
 
 def transcript_eval(lm: FrozenLM) -> TranscriptEval:

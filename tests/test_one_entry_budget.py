@@ -18,7 +18,7 @@ from vkv.compress.head_budget import per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.report import report_totals
 from vkv.kv.segment import Segment
@@ -91,7 +91,7 @@ def test_a_session_at_16x_compresses_its_short_messages_and_saves_them(tiny_llam
     count as compressed, and come back from a saved session as they were."""
     transcript = load_transcript(FIXTURES / "mini-agent.json")
     recipe = CompressConfig(verbatim_source=source, optim=OptimConfig(steps=1))
-    session = Session(tiny_llama, MultiTurnConfig(target_source="online", compress=recipe))
+    session = Session(tiny_llama, get_method("vkv", recipe=VkvRecipe(target_source="online", compress=recipe)))
     session.extend(transcript.messages)
     segments = session.compress(turns=(1, len(transcript.messages)), ratio=16.0)
     short = [s for s in segments if s.stats.get("virtual_per_head") == 0]

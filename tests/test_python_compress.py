@@ -13,7 +13,7 @@ from tests.conftest import FIXTURES, build_tiny
 from vkv.api.compress import _kv_method
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import METHODS, get_method
@@ -29,7 +29,7 @@ def cheap_options(name: str) -> dict:
     cls = METHODS[name]
     if "recipe" not in cls.option_names():
         return {}
-    return {"recipe": MultiTurnConfig(FAST) if cls.recipe_class is MultiTurnConfig else FAST}
+    return {"recipe": VkvRecipe(FAST) if cls.recipe_class is VkvRecipe else FAST}
 
 
 def with_cache(model, cache) -> dict:
@@ -75,12 +75,19 @@ def answer_logprob(model, cache, prompt: list[int], choice: list[int]) -> float:
     return float(logp.gather(-1, torch.tensor(choice)[:, None]).sum())
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
-def test_every_kv_method_scores_through_the_plain_model_as_vkv_eval_scores_it(evaluation, transcript, name):
+VKV_MODES = {  # vkv's modes beside its default, each spelled as a user spells it in Python
+    "vkv per turn": {"per_turn": True},
+    "vkv verbatim shared": {"recipe": VkvRecipe(FAST, verbatim="shared")},
+    "vkv per turn verbatim shared": {"per_turn": True, "recipe": VkvRecipe(FAST, verbatim="shared")},
+}
+
+
+@pytest.mark.parametrize("case", [*sorted(METHODS), *VKV_MODES])
+def test_every_kv_method_scores_through_the_plain_model_as_vkv_eval_scores_it(evaluation, transcript, case):
     model, tokenizer = evaluation.lm.model, evaluation.lm.tokenizer
-    options = cheap_options(name)
-    spelled = {"sequential": {"per_turn": True}, "hybrid": {"keep_verbatim": True}}  # vkv's modes
-    asked = {"method": "vkv", **spelled[name]} if name in spelled else {"method": name}
+    name = case.split()[0]
+    options = {**cheap_options(name), **VKV_MODES.get(case, {})}
+    asked = {"method": name}
     if issubclass(METHODS[name], TextMethod):
         with pytest.raises(VkvError, match="prunes the messages' text.*kvzip"):
             vkv.compress(model, tokenizer, transcript, **asked, ratio=RATIO, **options)
@@ -105,27 +112,22 @@ def test_options_a_method_lacks_are_refused_naming_its_options(tiny_llama, trans
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="zip")
 
 
-def test_vkv_per_turn_is_the_turn_by_turn_method_and_its_registry_name_is_refused(tiny_llama, transcript):
+def test_vkv_modes_are_its_fields_and_the_earlier_mode_methods_are_refused(tiny_llama, transcript):
     per_turn = _kv_method("vkv", {"per_turn": True, "recipe": FAST})
-    assert per_turn.name == "sequential" and per_turn.recipe == MultiTurnConfig(FAST)
-    assert _kv_method("vkv", {"per_turn": False}).name == "vkv"
-    with pytest.raises(VkvError, match=r"^method 'sequential' was renamed: .* method=\"vkv\", per_turn=True$"):
+    assert per_turn.name == "vkv" and per_turn.per_turn and per_turn.recipe == VkvRecipe(FAST)
+    assert _kv_method("vkv", {"per_turn": False}).per_turn is False
+    with pytest.raises(VkvError, match=r"^method 'sequential' was renamed: it is method 'vkv' with per_turn=True$"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="sequential")
-    with pytest.raises(VkvError, match="method 'vkv' has no option steps; its options are recipe, per_turn"):
+    with pytest.raises(VkvError, match=r"^method 'hybrid' was renamed: it is method 'vkv' with verbatim='shared'$"):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="hybrid")
+    with pytest.raises(VkvError, match="method 'vkv' has no option steps; its options are per_turn, recipe"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", steps=3)
     with pytest.raises(VkvError, match="field per_turn: expected True or False, got 'yes'"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", per_turn="yes")
-
-
-def test_vkv_keeping_verbatim_tokens_is_the_hybrid_method_and_its_registry_name_is_refused(tiny_llama, transcript):
-    keep = _kv_method("vkv", {"keep_verbatim": True, "recipe": FAST})
-    assert keep.name == "hybrid" and keep.recipe == FAST
-    per_turn = _kv_method("vkv", {"per_turn": True, "keep_verbatim": True, "recipe": FAST})
-    assert per_turn.name == "sequential" and per_turn.recipe == MultiTurnConfig(FAST, keep_verbatim=True)
-    with pytest.raises(VkvError, match=r"^method 'hybrid' was renamed: .* method=\"vkv\", keep_verbatim=True$"):
-        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="hybrid")
-    with pytest.raises(VkvError, match="field keep_verbatim: expected True or False, got 1"):
-        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", keep_verbatim=1)
+    with pytest.raises(
+        VkvError, match=r"field keep_verbatim was renamed: .* recipe=vkv.VkvRecipe\(verbatim=\"shared\"\)"
+    ):
+        vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", keep_verbatim=True)
 
 
 CONVERSATION = [

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from tests.conftest import build_tiny
+from vkv.api.compress import compress_with
 from vkv.api.session import Session
 from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import MultiTurnConfig, compress_transcript_turns
+from vkv.compress.sequential import VkvRecipe
 from vkv.compress.turn import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
@@ -38,7 +39,7 @@ def transcript():
 @pytest.fixture(scope="module")
 def session(tiny_llama, transcript):
     """Messages 0-4 appended, 1-3 compressed online at 2×, then 5-7 appended one at a time."""
-    s = Session(tiny_llama, MultiTurnConfig(FAST, target_source="online"))
+    s = Session(tiny_llama, get_method("vkv", recipe=VkvRecipe(FAST, target_source="online")))
     s.extend(list(transcript.messages[:5]))
     s.compress(turns=(1, 4), ratio=4.0)
     for message in transcript.messages[5:]:
@@ -107,7 +108,7 @@ def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
     turns = message_turns(work.message_starts, None, work.start, work.end)
     records = {}
     for mode in ("oracle", "online"):
-        group = get_method("sequential", recipe=MultiTurnConfig(FAST, target_source=mode)).compress(work, 2.0)
+        group = get_method("vkv", per_turn=True, recipe=VkvRecipe(FAST, target_source=mode)).compress(work, 2.0)
         rows = group.stats["turns"]
         assert group.entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
         assert [r["targets"] for r in rows] == [mode] * len(turns) and len(rows) == 5
@@ -129,14 +130,14 @@ def test_budget_is_shared_exactly_over_turns():
 
 
 def test_sequential_method_splices_one_segment_per_message(evaluation):
-    result = evaluation.evaluate(get_method("sequential", recipe=MultiTurnConfig(FAST)), 3.0)
+    result = evaluation.evaluate(get_method("vkv", per_turn=True, recipe=VkvRecipe(FAST)), 3.0)
     span = evaluation.end - evaluation.start
     rows = result["optimisation"]["turns"]
     assert result["compressed_entries"] == round(span / 3.0) == sum(r["entries"] for r in rows)
     assert len(result["optimisation"]["turns"]) == 5 and len(result["questions"]) == 2
     first, last = evaluation.turns
     assert [r["role"] for r in rows] == [m.role for m in evaluation.transcript.messages[first:last]]
-    group = get_method("sequential", recipe=MultiTurnConfig(FAST)).compress(evaluation.work, 3.0)
+    group = get_method("vkv", per_turn=True, recipe=VkvRecipe(FAST)).compress(evaluation.work, 3.0)
     assert isinstance(group, SegmentGroup) and len(group) == 5
     assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries
 
@@ -149,7 +150,9 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
     recipe = CompressConfig(head_budget="adaptive", optim=OptimConfig(steps=2))
     losses = {}
     for mode in ("oracle", "online"):
-        result = evaluation.evaluate(get_method("sequential", recipe=MultiTurnConfig(recipe, target_source=mode)), 3.0)
+        result = evaluation.evaluate(
+            get_method("vkv", per_turn=True, recipe=VkvRecipe(recipe, target_source=mode)), 3.0
+        )
         span = evaluation.end - evaluation.start
         assert result["compressed_entries"] == pytest.approx(round(span / 3.0))
         assert result["stored_entries"] > result["compressed_entries"]
@@ -159,10 +162,10 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
 
 
 def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tmp_path):
-    flags = ["--target-source", "online", "--keep-verbatim", "--verbatim-keep-by", "surprisal", "--steps", "2"]
+    flags = ["--target-source", "online", "--verbatim", "shared", "--verbatim-keep-by", "surprisal", "--steps", "2"]
     plan = recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", *flags]))
-    assert plan.keep_verbatim and plan.verbatim.keep_by == "surprisal" and plan.target_source == "online"
-    spliced = compress_transcript_turns(tiny_llama, transcript, (1, 5), 3.2, plan, per_turn=True)
+    assert plan.verbatim == "shared" and plan.shared.keep_by == "surprisal" and plan.target_source == "online"
+    spliced = compress_with(tiny_llama, transcript, (1, 5), get_method("vkv", recipe=plan, per_turn=True), 3.2)
     rendered = render(transcript, tiny_llama.tokenizer)
     assert [tuple(s.span) for s in spliced.segments] == [(s.start, s.end) for s in rendered.spans]
     assert spliced.next_position == len(rendered.ids)
@@ -189,13 +192,13 @@ def test_a_recipe_saved_by_an_earlier_version_loads_in_todays_spelling():
         "hybrid": {"fraction": 0.2, "keep_by": "surprisal"},
         "auto_ratio": None,
     }
-    config = MultiTurnConfig.from_dict(old)
-    assert config.target_source == "online" and config.keep_verbatim and not config.auto_ratio
-    assert config.verbatim.fraction == 0.2 and config.verbatim.keep_by == "surprisal"
+    config = VkvRecipe.from_dict(old)
+    assert config.target_source == "online" and config.verbatim == "shared" and not config.auto_ratio
+    assert config.shared.fraction == 0.2 and config.shared.keep_by == "surprisal"
     assert config.compress.head_budget == "shared" and config.compress.optim.steps == 3
-    assert MultiTurnConfig.from_dict(config.to_dict()) == config
+    assert VkvRecipe.from_dict(config.to_dict()) == config
     with pytest.raises(VkvError, match="unknown CompressConfig setting"):
-        MultiTurnConfig.from_dict({"compress": {"head_shares": "all"}})
+        VkvRecipe.from_dict({"compress": {"head_shares": "all"}})
 
 
 def test_a_session_with_the_default_recipe_keeps_compact_turns_that_save_load_and_answer(
@@ -203,7 +206,8 @@ def test_a_session_with_the_default_recipe_keeps_compact_turns_that_save_load_an
 ):
     """The default recipe (a per-head verbatim share, ranked per turn by the reconstruction pass on the running cache)
     gives compact turns: each head holds only what it reaches, so the session's memory is the budget's."""
-    s = Session(tiny_llama, MultiTurnConfig(CompressConfig(optim=OptimConfig(steps=1)), target_source="online"))
+    recipe = VkvRecipe(CompressConfig(optim=OptimConfig(steps=1)), target_source="online")
+    s = Session(tiny_llama, get_method("vkv", recipe=recipe))
     s.extend(list(transcript.messages[:5]))
     s.compress(turns=(1, 4), ratio=4.0)
     kinds = [segment.kind for segment in s.cache.segments]
@@ -214,5 +218,5 @@ def test_a_session_with_the_default_recipe_keeps_compact_turns_that_save_load_an
     assert s.cache.physical_length < len(s.ids)
     s.save(tmp_path / "s.safetensors")
     restored = Session.load(tmp_path / "s.safetensors", tiny_llama)
-    assert restored.config.compress.verbatim_share == s.config.compress.verbatim_share > 0
+    assert restored.method.settings() == s.method.settings() and s.method.settings().compress.verbatim_share > 0
     assert torch.equal(question_logits(tiny_llama, s, s.cache), question_logits(tiny_llama, restored, restored.cache))

@@ -1,4 +1,4 @@
-"""Settings are declared once: every field of vkv's recipe (CompressConfig inside MultiTurnConfig) is a flag of `vkv
+"""Settings are declared once: every field of vkv's recipe (CompressConfig inside VkvRecipe) is a flag of `vkv
 compress` and `vkv eval` and a sweep key, with the field's default."""
 
 import dataclasses
@@ -9,20 +9,23 @@ import pytest
 
 from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.settings import check_value, flat_settings, from_dict, from_flat
 from vkv.sweep.grid import build_method, expand, load_experiment
 
-SETTINGS = flat_settings(MultiTurnConfig)
-TURN_BY_TURN = {s.key for s in SETTINGS} - {s.key for s in flat_settings(CompressConfig)}  # sequential's, not vkv's
+SETTINGS = flat_settings(VkvRecipe)
 
 
 def test_nested_settings_get_flat_keys():
     keys = {s.key: s.path for s in SETTINGS}
     assert keys["steps"] == ("compress", "optim", "steps") and keys["distill_steps"] == ("compress", "distill", "steps")
     assert "ratio" not in keys  # each command takes its ratio its own way
-    assert keys["verbatim_fraction"] == ("verbatim", "fraction") and keys["max_loss"] == ("tolerance", "max_loss")
+    assert (
+        keys["verbatim_fraction"] == ("shared", "fraction")
+        and keys["verbatim"] == ("verbatim",)
+        and keys["max_loss"] == ("tolerance", "max_loss")
+    )
     assert len(keys) == len(SETTINGS)  # no two settings share a key
 
 
@@ -78,17 +81,16 @@ def test_every_setting_is_a_sweep_key(tmp_path, setting):
         setting = dataclasses.replace(setting, key="seeds")
         value = [value]
     toml = json.dumps([list(value)] if isinstance(value, tuple) else value)  # a tuple value is one list in a list
-    method = "sequential" if setting.key in TURN_BY_TURN else "vkv"
     extra = {"max_loss": "auto_ratio = true\n", "ladder": "auto_ratio = true\nmax_loss = 0.3\n"}.get(setting.key, "")
     extra += "max_loss = 0.3\n" if setting.key == "auto_ratio" else ""
     (tmp_path / "t.json").write_text("{}")
     (tmp_path / "e.toml").write_text(
-        f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["{method}"]\nratios = [2]\n'
+        f'[defaults]\nmodel = "m"\ntranscripts = ["t.json"]\n[[grid]]\nmethods = ["vkv"]\nratios = [2]\n'
         f"{setting.key} = {toml}\n{extra}"
     )
     (point,) = expand(load_experiment(tmp_path / "e.toml"))
     node = build_method(point).recipe
-    for part in setting.path if method == "sequential" else setting.path[1:]:  # vkv's recipe is the compress part
+    for part in setting.path:
         node = getattr(node, part)
     assert node == (value[0] if setting.key == "seeds" else value)
 
@@ -126,7 +128,7 @@ def _configs():
         CompressConfig,
         OptimConfig,
         DistillConfig,
-        MultiTurnConfig,
+        VkvRecipe,
         HybridConfig,
         AutoRatioConfig,
         EvalSettings,

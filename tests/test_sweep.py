@@ -117,21 +117,14 @@ def test_bad_option_values_are_caught_when_planning(tmp_path):
         plan(load_experiment(path), "cpu")
 
 
-def test_method_option_tables_become_their_settings_class(tmp_path):
-    path = write_toml(
-        tmp_path,
-        "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['hybrid', 'sequential']\n"
-        "ratios = 3.2\nhybrid.verbatim = [{ fraction = 0.1 }, { fraction = 0.2 }]\n"
-        "target_source = ['oracle', 'online']\n",
-    )
-    points = expand(load_experiment(path))
-    assert len(points) == 4
-    hybrid = [build_method(p) for p in points if p["method"] == "hybrid"]
-    assert sorted(m.config()["verbatim"]["fraction"] for m in hybrid) == [0.1, 0.2]
-    assert sorted(build_method(p).config()["target_source"] for p in points if p["method"] == "sequential") == [
-        "online",
-        "oracle",
-    ]
+def test_the_earlier_hybrids_verbatim_tables_read_as_the_shared_verbatim_settings(tmp_path):
+    base = "[defaults]\nmodel = 'm'\ntranscripts = ['MINI']\nmethods = ['vkv']\nratios = 3.2\n"
+    new = write_toml(tmp_path, base + "verbatim = 'shared'\nverbatim_fraction = [0.1, 0.2]\n", "new.toml")
+    old = base.replace("['vkv']", "['hybrid']") + "hybrid.verbatim = [{ fraction = 0.1 }, { fraction = 0.2 }]\n"
+    points = expand(load_experiment(new))
+    assert sorted(build_method(p).config()["shared"]["fraction"] for p in points) == [0.1, 0.2]
+    runs = [[r.id for r in plan(load_experiment(p), "cpu")] for p in (new, write_toml(tmp_path, old, "old.toml"))]
+    assert runs[0] == runs[1] and len(runs[0]) == 2
 
 
 @pytest.mark.parametrize(
@@ -314,8 +307,9 @@ def test_sigkill_mid_sweep_then_resume_runs_each_exactly_once(tmp_path, test_mod
 
 FAILING = """
 [[grid]]                 # 7 turns cannot share 2 entries: this run fails, is logged, and is not a result
-methods = ["sequential"]
+methods = ["vkv"]
 ratios = [100]
+vkv = { per_turn = true }
 """
 
 
@@ -336,7 +330,7 @@ def test_two_real_shards_write_their_own_files_and_cover_the_grid(tmp_path, test
     ]
     codes = [p.wait(timeout=900) for p in procs]
     runs = plan(load_experiment(config), "cpu")
-    failing = next(r.id for r in runs if r.point["method"] == "sequential")
+    failing = next(r.id for r in runs if r.point.get("vkv.per_turn"))
     planned = {r.id for r in runs} - {failing}
     files = [ids_in(sharded / f"results.rank{i}.jsonl") for i in range(2)]
     assert set(files[0]) | set(files[1]) == planned and not set(files[0]) & set(files[1])
@@ -416,7 +410,7 @@ def test_vkv_per_turn_plans_the_run_ids_of_its_older_name_sequential(tmp_path):
     new = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = [false, true] }\n", "new.toml")
     old = write_toml(tmp_path, PER_TURN + "methods = ['vkv', 'sequential']\n", "old.toml")
     ids = [[(r.point["method"], r.id) for r in plan(load_experiment(p), "cpu")] for p in (new, old)]
-    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "sequential"]
+    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "vkv"]
     scalar = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = true }\n", "scalar.toml")
     assert [r.id for r in plan(load_experiment(scalar), "cpu")] == [ids[1][1][1]]
 
@@ -426,7 +420,7 @@ def test_vkv_keeping_verbatim_tokens_plans_the_run_ids_of_its_older_name_hybrid(
     new = write_toml(tmp_path, base + "methods = ['vkv']\nvkv = { keep_verbatim = [false, true] }\n", "new.toml")
     old = write_toml(tmp_path, base + "methods = ['vkv', 'hybrid']\n", "old.toml")
     ids = [[(r.point["method"], r.id) for r in plan(load_experiment(p), "cpu")] for p in (new, old)]
-    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "hybrid"]
+    assert ids[0] == ids[1] and [m for m, _ in ids[0]] == ["vkv", "vkv"]
     both = write_toml(tmp_path, base + "methods = ['vkv']\nvkv = { per_turn = true, keep_verbatim = true }\n", "b.toml")
     older = write_toml(tmp_path, base + "methods = ['sequential']\nkeep_verbatim = true\n", "older.toml")
     assert [r.id for r in plan(load_experiment(both), "cpu")] == [r.id for r in plan(load_experiment(older), "cpu")]
@@ -434,5 +428,5 @@ def test_vkv_keeping_verbatim_tokens_plans_the_run_ids_of_its_older_name_hybrid(
 
 def test_vkv_per_turn_takes_true_or_false(tmp_path):
     path = write_toml(tmp_path, PER_TURN + "methods = ['vkv']\nvkv = { per_turn = 'yes' }\n")
-    with pytest.raises(VkvError, match="field vkv.per_turn: expected true or false, got 'yes'"):
+    with pytest.raises(VkvError, match="field vkv.per_turn: expected bool, got 'yes'"):
         expand(load_experiment(path))

@@ -11,9 +11,9 @@ from vkv import upgrade
 from vkv.cli import main
 from vkv.cli.method_flags import method_class
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import MultiTurnConfig
+from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
-from vkv.methods import METHODS
+from vkv.methods import METHODS, get_method
 
 
 @pytest.mark.parametrize(
@@ -22,7 +22,8 @@ from vkv.methods import METHODS
         (["compress", "t.json", "--sequential", "--out", "c.safetensors"], "--per-turn"),
         (["eval", "t.json", "--method", "full,sequential"], "--method vkv --per-turn"),
         (["compress", "t.json", "--method=sequential", "--out", "c.safetensors"], "--method vkv --per-turn"),
-        (["eval", "t.json", "--method", "vkv,hybrid"], "--method vkv --keep-verbatim"),
+        (["eval", "t.json", "--method", "vkv,hybrid"], "--method vkv --verbatim shared"),
+        (["eval", "t.json", "--method", "vkv", "--keep-verbatim"], "--verbatim shared"),
     ],
 )
 def test_a_renamed_flag_is_refused_naming_the_new_one(argv, named, capsys):
@@ -36,23 +37,15 @@ def test_only_flags_are_read_as_renamed():
     assert upgrade.old_flag(["eval", "t.json", "--method", "vkv,am"]) is None
 
 
-def test_vkv_per_turn_is_the_turn_by_turn_method_and_its_old_name_is_no_method():
+def test_vkv_modes_are_its_options_and_its_earlier_mode_methods_are_refused_naming_them():
     per_turn = argparse.Namespace(per_turn=True)
-    assert method_class("vkv", per_turn) is METHODS["sequential"]
-    assert method_class("vkv", argparse.Namespace(per_turn=None)) is METHODS["vkv"]
+    assert method_class("vkv", per_turn) is METHODS["vkv"] is method_class("vkv", argparse.Namespace(per_turn=None))
     assert method_class("am", per_turn) is METHODS["am"]
-    with pytest.raises(VkvError, match="unknown method 'sequential'"):
+    assert "sequential" not in METHODS and "hybrid" not in METHODS
+    with pytest.raises(VkvError, match="method 'sequential' was renamed: it is method 'vkv' with per_turn=True"):
         method_class("sequential", per_turn)
-
-
-def test_vkv_keeping_verbatim_tokens_is_the_hybrid_method_and_its_old_name_is_no_method():
-    keep = argparse.Namespace(per_turn=None, keep_verbatim=True)
-    assert method_class("vkv", keep) is METHODS["hybrid"]
-    assert method_class("kvzip", keep) is METHODS["kvzip"]
-    both = argparse.Namespace(per_turn=True, keep_verbatim=True)  # per turn, the verbatim share is in its recipe
-    assert method_class("vkv", both) is METHODS["sequential"]
-    with pytest.raises(VkvError, match="unknown method 'hybrid'; choose from .*kvzip"):
-        method_class("hybrid", keep)
+    with pytest.raises(VkvError, match="method 'hybrid' was renamed: it is method 'vkv' with verbatim='shared'"):
+        get_method("hybrid")
 
 
 def test_an_old_saved_multiturn_recipe_loads_through_the_upgrade_module():
@@ -63,12 +56,34 @@ def test_an_old_saved_multiturn_recipe_loads_through_the_upgrade_module():
         "sequential": True,  # how `vkv compress` ran, as older cache headers record it beside the recipe
         "compress": {"ratio": 4.0, "head_share": "all", "pooling": "uniform"},
     }
-    recipe = MultiTurnConfig.from_dict(saved)
-    assert recipe.target_source == "online" and recipe.keep_verbatim and not recipe.auto_ratio
-    assert recipe.verbatim.fraction == 0.2
+    recipe = VkvRecipe.from_dict(saved)
+    assert recipe.target_source == "online" and recipe.verbatim == "shared" and not recipe.auto_ratio
+    assert recipe.shared.fraction == 0.2
     assert recipe.compress.head_budget == "shared" and recipe.compress.pooling == "uniform"
     assert recipe.compress.verbatim_share == 0.0 and recipe.compress.virtual_offset == 0.0  # as they ran then
-    assert MultiTurnConfig.from_dict(recipe.to_dict()) == recipe  # today's spelling is left as it is
+    assert VkvRecipe.from_dict(recipe.to_dict()) == recipe  # today's spelling is left as it is
+    keeping = VkvRecipe.from_dict({"keep_verbatim": True, "verbatim": {"fraction": 0.3}})  # the switch's spelling
+    assert keeping.verbatim == "shared" and keeping.shared.fraction == 0.3
+
+
+def test_runs_recorded_by_the_earlier_mode_methods_read_as_vkv_with_its_options():
+    recipe = CompressConfig(pooling="uniform").to_dict()
+    name, config = upgrade.method_config("sequential", {"compress": recipe, "keep_verbatim": True, "verbatim": {}})
+    assert name == "vkv" and config["per_turn"] is True and config["verbatim"] == "shared"
+    name, config = upgrade.method_config("hybrid", {**recipe, "verbatim": {"fraction": 0.1}})
+    assert (name, config["verbatim"], config["shared"], config["per_turn"]) == (
+        "vkv",
+        "shared",
+        {"fraction": 0.1},
+        False,
+    )
+    assert config["compress"]["pooling"] == "uniform"
+    name, config = upgrade.method_config("vkv", recipe)  # the bare virtual-token recipe vkv recorded
+    assert config["compress"]["pooling"] == "uniform" and config["per_turn"] is False
+    assert upgrade.method_config("kvzip", {"head_budget": "global"}) == ("kvzip", {"head_budget": "global"})
+    point = upgrade.grid_point({"method": "hybrid", "hybrid.verbatim": {"fraction": 0.1}})
+    assert point == {"method": "vkv", "verbatim": "shared", "verbatim_fraction": 0.1}
+    assert upgrade.method_label("sequential") == "vkv per_turn=True" and upgrade.method_label("am") == "am"
 
 
 def test_an_old_saved_recipe_loads_through_the_upgrade_module():

@@ -153,6 +153,9 @@ RENAMED_SWEEP_KEYS = {  # experiment-file keys earlier versions read, and what s
 }
 
 
+READ_SWEEP_KEYS = ("keep_verbatim",)  # keys earlier experiment files wrote that `grid_point` reads in today's meaning
+
+
 def grid_point(point: dict[str, Any]) -> dict[str, Any]:
     """A grid point (or a run's recorded config) as an earlier version recorded it, in today's keys: the keys of
     RENAMED_SWEEP_KEYS with the meaning they had then, and vkv's earlier mode methods and switches as vkv's options

@@ -3,6 +3,7 @@ objects they describe. See `vkv.sweep` for the file format."""
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import itertools
 import json
@@ -22,7 +23,7 @@ from vkv.io import check_depth, read_input_text
 from vkv.lm.load import QUANTS
 from vkv.methods import METHODS, get_method
 from vkv.settings import Setting, check_value, flat_settings, from_flat
-from vkv.upgrade import OLD_VKV_METHODS, RENAMED_SWEEP_KEYS, grid_point
+from vkv.upgrade import OLD_VKV_METHODS, READ_SWEEP_KEYS, RENAMED_SWEEP_KEYS, grid_point
 
 TOP_KEYS = ("name", "description", "defaults", "eval", "grid")
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes no larger seed
@@ -79,7 +80,7 @@ def load_experiment(path: str | os.PathLike) -> Experiment:
     if not isinstance(grids, list) or not all(isinstance(g, dict) for g in grids):
         raise VkvError(f"{p}: field grid must be an array of tables, written [[grid]]")
     merged = [_expand_globs(p, _merge(defaults, g)) for g in grids or [{}]]
-    allowed = (*PLAIN_KEYS, *recipe_settings(), *_method_names())
+    allowed = (*PLAIN_KEYS, *recipe_settings(), *_method_names(), *READ_SWEEP_KEYS)
     for i, grid in enumerate(merged):
         _no_unknown(p, f"[[grid]] #{i + 1}", grid, allowed)
     evals = _table(p, data, "eval")
@@ -220,12 +221,15 @@ def _relevant(point: dict, where: str) -> dict:
     if cls.recipe_class is not None:
         settings = recipe_settings(cls.recipe_class)
         out.update({k: check_value(settings[k], v, f"{where}: ") for k, v in point.items() if k in settings})
+    options = {s.key: s for s in flat_settings(cls) if s.help}  # declared with setting(): checked as flags are
     for key, value in point.items():
         owner, _, option = key.partition(".")
         if option and owner == name:
             if option not in cls.option_names() or option == "recipe":
                 taken = ", ".join(o for o in cls.option_names() if o != "recipe") or "none"
                 raise VkvError(f"{where}: field {key}: method '{name}' has no option '{option}' (it takes: {taken})")
+            if option in options:  # checked, not converted: a value's spelling is part of the run's id
+                check_value(dataclasses.replace(options[option], key=key), value, f"{where}: ")
             out[key] = value
     return out
 
