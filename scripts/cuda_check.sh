@@ -63,7 +63,7 @@ step "compress am, 8-bit, save" python3 -m vkv.cli compress $T --model "$W/tiny"
 step "bench compress, bf16" python3 -m vkv.cli bench compress --model "$W/tiny" --quant bf16 --device cuda --tokens 1024 \
   --methods kvzip,am,vkv,kvopt --ratio 8 --json "$W/bench.json"
 step "eval vkv per turn" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv,am --per-turn
-step "eval vkv keep-verbatim" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv --keep-verbatim
+step "eval vkv verbatim shared" python3 -m vkv.cli eval $T $M --window 1024 --max-windows 1 --ratio 3.2 --steps 2 --method vkv --verbatim shared
 step "sweep" python3 -m vkv.cli sweep "$W/sweep.toml" --out "$W/sweep"
 step "report" python3 -m vkv.cli report "$W/sweep" --vs kvzip
 rm -rf "$W"
