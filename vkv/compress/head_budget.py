@@ -117,9 +117,7 @@ def per_head_index(scores: torch.Tensor, budget: int, rule: HeadBudget | str) ->
     return torch.where(real, order, order[..., :1]), real
 
 
-def mask_per_head(
-    scores: torch.Tensor, per_entry: torch.Tensor, budget: int, rule: HeadBudget | str
-) -> SeparableBias:
+def mask_per_head(scores: torch.Tensor, per_entry: torch.Tensor, budget: int, rule: HeadBudget | str) -> SeparableBias:
     """Entries kept in place, each head attending only to its share: the bias `per_entry` `[n]`, shared by every head,
     with every entry outside the head's `per_head_index(scores, budget, rule)` masked (−inf), and the kept entries'
     raised by one offset per head so that they keep the total weight Σ exp(bias) all n had (n tokens stay n tokens'
