@@ -15,11 +15,12 @@ import math
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from vkv.errors import VkvError
 
-Choices = tuple[str, ...] | Callable[[], Iterable[str]] | None
+Choices = tuple[str, ...] | Callable[[], Iterable[str]] | type[Enum] | None
 
 
 def setting(
@@ -34,8 +35,10 @@ def setting(
     many: bool = False,
     below: float | None = None,
 ) -> Any:
-    """A dataclass field with its help text and allowed values (`choices`: a tuple, or a function returning a
-    registry's names, called when they are needed); `cli=False` keeps it out of the command line and sweeps. A number
+    """A dataclass field with its help text and allowed values (`choices`: a tuple, a function returning a
+    registry's names, called when they are needed, or a str-valued Enum whose member is the default: its values are
+    the choices, and a value given as one becomes its member as it is checked, `check_value`, so the field holds a
+    member); `cli=False` keeps it out of the command line and sweeps. A number
     with a `minimum` must be finite and at least it (above it with `above`), one with `below` finite and under it (a
     fraction in [0, 1): minimum=0, below=1): the command line, sweeps and
     `check_ranges` (each config's validate) refuse anything else alike. `required`: its flag must be given (the
@@ -85,6 +88,8 @@ class Setting:
     def allowed(self) -> tuple[str, ...] | None:
         if self.choices is None:
             return None
+        if isinstance(self.choices, type) and issubclass(self.choices, Enum):
+            return tuple(member.value for member in self.choices)
         return tuple(self.choices() if callable(self.choices) else self.choices)
 
 
@@ -299,7 +304,8 @@ def from_flat(config: type, flat: dict[str, Any], base: Any = None) -> Any:
 
 
 def check_value(s: Setting, value: Any, where: str) -> Any:
-    """`value` as setting `s` takes it (ints widened to floats, lists to tuples), or one sentence why not."""
+    """`value` as setting `s` takes it (ints widened to floats, lists to tuples, an Enum's value to its member), or
+    one sentence why not."""
     default = s.default
     if default is None or isinstance(default, tuple):
         if isinstance(default, tuple) and not isinstance(value, (list, tuple)):
@@ -309,14 +315,16 @@ def check_value(s: Setting, value: Any, where: str) -> Any:
         return tuple(value) if isinstance(value, list) else value
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    allowed = s.allowed()
+    if allowed is not None and isinstance(value, str) and value not in allowed:
+        raise VkvError(f"{where}field {s.key}: unknown value {value!r}; choose one of {', '.join(allowed)}")
+    if isinstance(default, Enum) and isinstance(value, str):  # a member, given by its value
+        value = type(default)(value)
     if type(value) is not type(default):
-        raise VkvError(f"{where}field {s.key}: expected {type(default).__name__}, got {value!r}")
+        raise VkvError(f"{where}field {s.key}: expected {text_type(default).__name__}, got {value!r}")
     problem = out_of_range(s, value)
     if problem:
         raise VkvError(f"{where}field {s.key}: {problem}")
-    allowed = s.allowed()
-    if allowed is not None and value not in allowed:
-        raise VkvError(f"{where}field {s.key}: unknown value {value!r}; choose one of {', '.join(allowed)}")
     return value
 
 
@@ -356,9 +364,16 @@ def _optional_tuple(kind: Any) -> bool:
     return any(typing.get_origin(a) is tuple for a in typing.get_args(kind))
 
 
+def text_type(default: Any) -> type:
+    """What a setting with this default (not None) is read as from a flag: the default's type, or the text of an
+    Enum member's value (the config takes the member as it is built): the flag's type stays a builtin, so the cached
+    parser (vkv.cli.cached) needs no import to parse it and a wrong word is argparse's "invalid choice"."""
+    return str if isinstance(default, Enum) else type(default)
+
+
 def _scalar_type(s: Setting) -> Callable[[str], Any]:
     if s.default is not None:
-        kind = type(s.default)
+        kind = text_type(s.default)
     else:
         real = [a for a in typing.get_args(s.kind) if a is not type(None)]
         kind = real[0] if real else str

@@ -13,7 +13,7 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import VkvRecipe
 from vkv.errors import VkvError
 from vkv.methods import METHODS
-from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat
+from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat, text_type
 from vkv.upgrade import renamed_method
 
 
@@ -96,7 +96,7 @@ def add_method_args(p: argparse.ArgumentParser) -> None:
         if isinstance(s.default, bool):
             group.add_argument(s.flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            kind = type(s.default) if s.default is not None else str
+            kind = text_type(s.default) if s.default is not None else str
             group.add_argument(
                 s.flag, type=bounded(kind, s.minimum, s.above, s.below), choices=s.allowed(), help=help_text
             )

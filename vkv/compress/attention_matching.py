@@ -20,7 +20,7 @@ from vkv.compress.compaction import (
     head_counts,
     row_stats,
 )
-from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.head_budget import HeadBudget, head_budget_setting
 from vkv.compress.on_policy import FitOptions, compact_on_policy
 from vkv.compress.reconstruction import chunk_setting, reconstruction_pass
 from vkv.compress.reference_queries import (
@@ -32,7 +32,7 @@ from vkv.compress.reference_queries import (
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.progress import counted
-from vkv.settings import setting
+from vkv.settings import check_fields, setting
 from vkv.stages import stage
 
 
@@ -64,12 +64,15 @@ class AttentionMatchingFit:
     on_policy: bool = setting(
         True, "take each layer's read-out queries with the earlier layers already compacted (repeat queries only)"
     )
-    head_budget: str = head_budget_setting("global")
+    head_budget: HeadBudget = head_budget_setting(HeadBudget.GLOBAL)
     head_cap: float = setting(
         0.75, "no head keeps more than this share of the span when entries move between heads", minimum=0, above=True
     )
     omp_step: int = setting(1, "keys OMP picks between refits of their weights (the reference's k_choice)", minimum=1)
     chunk: int = chunk_setting()
+
+    def __post_init__(self) -> None:  # on its own, as vkv's recipe builds it (method am checks its options itself)
+        check_fields(self)
 
     def compaction(self, work: SpanWork, budget: int) -> tuple[Compaction, int]:
         """The span compacted to `budget` entries per KV head on average (rows layer-major), and the reference
@@ -105,7 +108,7 @@ class AttentionMatchingFit:
                 stats = RowStats.cat(stats)
                 scores = stats.key_scores(self.selection).reshape(layers, kv_heads, n)
                 counts, index = head_counts(scores, budget, self.head_budget, self.head_cap)
-            fixed = index if self.head_budget == "shared" else None
+            fixed = None if self.head_budget.per_head else index
             options = FitOptions(self.selection, self.bias, self.values, self.ridge, self.omp_step)
             if not self.live:
                 flat = None if fixed is None else fixed.reshape(layers * kv_heads, -1)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import per_head_index
+from vkv.compress.head_budget import HeadBudget, per_head_index
 from vkv.compress.nnls import bounded_nnls, nnls, nnls_normal, solve_normal
 from vkv.compress.omp import omp_keys
 from vkv.kv.segment import MASKED
@@ -166,15 +166,18 @@ def row_stats(readout: SpanReadout, outputs: bool = True) -> RowStats:
     return RowStats(torch.cat(log_max, 1), torch.cat(mass, 1), read_out, (square / m).sqrt(), total / m)
 
 
-def head_counts(scores: torch.Tensor, t: int, rule: str, cap: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def head_counts(
+    scores: torch.Tensor, t: int, rule: HeadBudget | str, cap: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """How the span's entries are split over rows for key scores `[layers, kv_heads, n]` (compress/head_budget.py's
     `rule`, `t` per head on average) → (`counts` `[layers, kv_heads]`, `index` `[layers, kv_heads, max count]`, the
     rule's own choice of each head's entries, real ones first). With `cap` < 1, no head of a rule that moves entries
     between heads keeps more than that share of the span (the reference caps each head at 0.75), unless the mean
     budget itself is larger: a head's entries past its cap are out of the competition."""
+    rule = HeadBudget.of(rule)
     n = scores.shape[-1]
     limit = math.floor(cap * n)
-    if rule in ("adaptive", "global") and t <= limit < n:
+    if rule.moves_entries and t <= limit < n:
         beyond = scores.argsort(-1, descending=True)[..., limit:]
         scores = scores.scatter(-1, beyond, float("-inf"))
     index, real = per_head_index(scores, t, rule)
@@ -268,7 +271,7 @@ def _refit_values(
     return torch.where(real[..., None], solve_normal(gram, rhs, real, ridge, kept_values), kept_values[:, :1])
 
 
-def check_options(selection: str, bias: str, values: str, head_budget: str) -> None:
+def check_options(selection: str, bias: str, values: str, head_budget: HeadBudget) -> None:
     """Refuse an unknown option, or a combination not implemented, before any work (ValueError)."""
     for name, value, known in (
         ("selection", selection, SELECTIONS),
@@ -277,7 +280,7 @@ def check_options(selection: str, bias: str, values: str, head_budget: str) -> N
     ):
         if value not in known:
             raise ValueError(f"unknown {name} '{value}'; choose one of {', '.join(known)}")
-    if selection == "omp" and head_budget == "shared":
+    if selection == "omp" and not head_budget.per_head:
         raise ValueError("OMP selection with head budget 'shared' (every head the same tokens) is not implemented")
 
 
@@ -367,7 +370,7 @@ def compact(
     bias: str = "nnls",
     values: str = "refit",
     ridge: float = 0.0,
-    head_budget: str = "uniform",
+    head_budget: HeadBudget | str = HeadBudget.UNIFORM,
     kv_heads: int = 1,
     head_cap: float = 1.0,
     omp_step: int = 1,
@@ -375,6 +378,7 @@ def compact(
     """The compaction of every row of `readout` (rows are layer-major, `kv_heads` per layer) keeping t entries per
     row on average, split over rows by `head_budget` on the rows' key scores (compress/head_budget.py), no head above
     `head_cap` of the span where entries move between heads."""
+    head_budget = HeadBudget.of(head_budget)
     rows, n, _ = readout.keys.shape
     if not 1 <= t <= n:
         raise ValueError(f"cannot keep {t} of {n} entries")
@@ -382,7 +386,7 @@ def compact(
     stats = row_stats(readout)
     scores = stats.key_scores(selection).reshape(-1, kv_heads, n)
     counts, index = head_counts(scores, t, head_budget, head_cap)
-    fixed = index.reshape(rows, -1) if head_budget == "shared" else None
+    fixed = None if head_budget.per_head else index.reshape(rows, -1)
     return compact_rows(readout, counts.reshape(-1), selection, bias, values, ridge, fixed, omp_step, stats)
 
 

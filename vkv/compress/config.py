@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from vkv import upgrade
 from vkv.compress.distill import DistillConfig
-from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.head_budget import HeadBudget, head_budget_setting
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import POOLING_RULES
 from vkv.compress.positions import POSITION_SCHEMES
@@ -58,7 +58,7 @@ class CompressConfig(Config):
     # KVzip's one threshold over every layer and head, as the faithful anchors spend a budget: the per-head verbatim
     # part chosen so beats AdaKV's per-layer split on the dev screens (evals/RESULTS.md, "Virtual tokens against the
     # faithful anchors"); per head (not shared), `oversample` × the budget's virtual tokens
-    head_budget: str = head_budget_setting("global")
+    head_budget: HeadBudget = head_budget_setting(HeadBudget.GLOBAL)
     oversample: float = setting(
         3.0,
         "with a per-head head_budget (unused with shared): virtual tokens optimised per entry of the budget, "
@@ -174,12 +174,12 @@ class CompressConfig(Config):
     def virtual_tokens(self, budget: int, available: int) -> int:
         """Virtual tokens to optimise for a budget of `budget` entries per KV head over `available` tokens: the budget,
         or `oversample` times it when each head attends only to its share."""
-        return budget if self.head_budget == "shared" else min(available, round(budget * self.oversample))
+        return min(available, round(budget * self.oversample)) if self.head_budget.per_head else budget
 
     @property
     def needs_reconstruction(self) -> bool:
         """Whether the heads' shares are ranked by the reconstruction pass's importance of the span's tokens."""
-        return self.head_budget != "shared" and self.share_scores == "reconstruction"
+        return self.head_budget.per_head and self.share_scores == "reconstruction"
 
     @staticmethod
     def upgraded(d: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.compaction import Compaction
-from vkv.compress.head_budget import per_head_index
+from vkv.compress.head_budget import HeadBudget, per_head_index
 from vkv.compress.pooling import Blocks
 from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
@@ -79,7 +79,7 @@ def head_hybrid_bias(
     token_scores: torch.Tensor,
     blocks: Blocks,
     split: HeadSplit,
-    rule: str,
+    rule: HeadBudget,
     proportional_attention: bool,
     offset: float = 0.0,
     kept: torch.Tensor | None = None,

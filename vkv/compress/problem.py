@@ -28,7 +28,7 @@ from vkv.lm.frozen import FrozenLM
 def needs_readout(config: CompressConfig) -> bool:
     """Whether the virtual tokens' biases read what the span's own queries attend to (fitted biases, head-wise shares
     ranked by them)."""
-    return config.fit_bias or (config.head_budget != "shared" and not config.needs_reconstruction)
+    return config.fit_bias or (config.head_budget.per_head and not config.needs_reconstruction)
 
 
 def needs_queries(config: CompressConfig) -> bool:
@@ -128,12 +128,12 @@ class SpanProblem:
         mass = self.mass(config)
         layers, kv_heads, k, dim = keys.shape
         bias = torch.zeros(layers, kv_heads, k) if mass is None else mass_bias(mass, layers, kv_heads)
-        if config.head_budget == "shared" and not config.fit_bias:
+        if not config.head_budget.per_head and not config.fit_bias:
             return (None if mass is None else bias), None
         rows = layers * kv_heads
         keys = keys.float().cpu().reshape(rows, k, dim)
         separable = None
-        if config.head_budget != "shared":  # am's order: choose each head's entries, then (with fit_bias) fit their β
+        if config.head_budget.per_head:  # am's order: choose each head's entries, then (with fit_bias) fit their β
             if config.needs_reconstruction:
                 scores = self.blocks.most(self.token_scores)
             else:  # each token's score in a head: the mean attention the span's own queries give it among the k

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.compaction import SpanReadout, compact
+from vkv.compress.head_budget import HeadBudget
 from vkv.compress.pooling import Blocks, pool
 from vkv.errors import VkvError
 from vkv.lm.capture import Activations
@@ -22,7 +23,7 @@ class TargetKind:
     keys: str | None = None  # "pre-rope" or "post-rope": pooled keys are matched too, in that frame
     read_out: bool = False  # what reference queries read from the span (needs the span's queries captured)
     order_free: bool = True  # built from which tokens a block holds, not where they sit (hybrid may pool it)
-    compaction: str | None = None  # K and V are attention matching's entries, chosen with this head budget
+    compaction: HeadBudget | None = None  # K and V are attention matching's entries, chosen with this head budget
 
     @property
     def rope_keys(self) -> bool:
@@ -47,8 +48,8 @@ TARGET_KINDS: dict[str, TargetKind] = {
         TargetKind("v+attention", read_out=True, order_free=False),
         # slot j matches, per layer and KV head, am's j-th compacted key (post-RoPE) and refitted value:
         # the same kept tokens in every head (what one input embedding per slot can produce), or each head its own
-        TargetKind("am", keys="post-rope", order_free=False, compaction="shared"),
-        TargetKind("am-per-head", keys="post-rope", order_free=False, compaction="uniform"),
+        TargetKind("am", keys="post-rope", order_free=False, compaction=HeadBudget.SHARED),
+        TargetKind("am-per-head", keys="post-rope", order_free=False, compaction=HeadBudget.UNIFORM),
     )
 }
 
@@ -183,7 +184,7 @@ def attention_targets(
 
 
 def compaction_targets(
-    lm: FrozenLM, acts: Activations, k: int, head_budget: str
+    lm: FrozenLM, acts: Activations, k: int, head_budget: HeadBudget
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention matching's k entries for the span (top-attention keys, shared bias, refitted values from
     ATTENTION_QUERIES reference queries, the count these targets were measured with (evals/RESULTS.md, 'Virtual

@@ -50,11 +50,15 @@ class Method:
     ) -> Segment | SegmentGroup | None:
         raise NotImplementedError
 
+    def __post_init__(self) -> None:
+        self.check()
+
     def check(self) -> None:
-        """Raise VkvError on an option outside its declared type, choices or range (before any work is done): the
-        check sweeps and the command line make, `settings.check_value`."""
+        """Raise VkvError on an option outside its declared type, choices or range, as the method is built and again
+        before any work is done: the check sweeps and the command line make, `settings.check_value`, which also gives
+        each option the form it is held in (a head budget's name becomes its HeadBudget)."""
         for s in flat_settings(type(self)):
-            check_value(s, getattr(self, s.key), f"{self.name}: ")
+            setattr(self, s.key, check_value(s, getattr(self, s.key), f"{self.name}: "))
 
     def config(self) -> dict[str, Any]:
         """Every option with its effective value: what the run's identity and results record."""

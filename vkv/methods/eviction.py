@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import head_budget_setting, per_head_index
+from vkv.compress.head_budget import HeadBudget, head_budget_setting, per_head_index
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment, mass_bias
 from vkv.methods.base import PerTurnMethod
@@ -57,7 +57,7 @@ class ScorerMethod(EvictionMethod):
     n]` (higher: keep). `head_budget` decides who keeps what: `shared`, the tokens with the best mean score in
     every head; `uniform`, each head its own best `budget`; `adaptive`, AdaKV's split (compress/head_budget.py)."""
 
-    head_budget: str = head_budget_setting()
+    head_budget: HeadBudget = head_budget_setting()
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         raise NotImplementedError
@@ -66,7 +66,7 @@ class ScorerMethod(EvictionMethod):
         return self.score(work, budget).mean(dim=(0, 1)).topk(budget).indices
 
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment:
-        if self.head_budget == "shared":
+        if not self.head_budget.per_head:
             return super().compress_to(work, budget)
         index, real = per_head_index(self.score(work, budget), budget, self.head_budget)
         bias = None

@@ -10,7 +10,7 @@ import torch
 
 from vkv.compress.compaction import SpanReadout
 from vkv.compress.distill import DistillConfig, build_probes, distill_setting, trace_summary, tune
-from vkv.compress.head_budget import head_budget_setting, per_head_index
+from vkv.compress.head_budget import HeadBudget, head_budget_setting, per_head_index
 from vkv.compress.kvopt import INITS, optimise_entries
 from vkv.compress.reconstruction import chunk_setting, reconstruction_scores
 from vkv.compress.reference_queries import cap_setting, reference_queries, source_setting
@@ -55,7 +55,7 @@ class KVOpt(PerTurnMethod):
     ridge: float = setting(
         0.0, "pulls refitted values toward the kept entries' own (0: plain least squares)", minimum=0
     )
-    head_budget: str = head_budget_setting("global")  # KVzip's choice of entries, as kvzip spends it
+    head_budget: HeadBudget = head_budget_setting(HeadBudget.GLOBAL)  # KVzip's choice of entries, as kvzip spends it
     chunk: int = chunk_setting()
     # the end-to-end stage: vkv's distillation settings (one flag each for both), on the repeat probe only; on by
     # default, where the dev screen found it adds to the read-out fit

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.head_budget import HeadBudget, head_budget_setting
 from vkv.compress.reconstruction import chunk_setting, normalisation_setting, reconstruction_scores
 from vkv.compress.work import SpanWork
 from vkv.methods.eviction import ScorerMethod
@@ -19,7 +19,7 @@ from vkv.methods.eviction import ScorerMethod
 @dataclass
 class KVzip(ScorerMethod):
     name = "kvzip"
-    head_budget: str = head_budget_setting("global")
+    head_budget: HeadBudget = head_budget_setting(HeadBudget.GLOBAL)
     chunk: int = chunk_setting()
     normalise: str = normalisation_setting()
 

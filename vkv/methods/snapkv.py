@@ -2,7 +2,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.head_budget import head_budget_setting
+from vkv.compress.head_budget import HeadBudget, head_budget_setting
 from vkv.compress.work import SpanWork
 from vkv.methods.eviction import ScorerMethod
 from vkv.settings import setting
@@ -16,7 +16,7 @@ class SnapKV(ScorerMethod):
     it on the dev split and trailed it on the cross-checked test windows, evals/RESULTS.md)."""
 
     name = "snapkv"
-    head_budget: str = head_budget_setting("uniform")
+    head_budget: HeadBudget = head_budget_setting(HeadBudget.UNIFORM)
     window: int = setting(
         64, "the observation window: the span's last tokens, whose attention scores the rest", minimum=1
     )

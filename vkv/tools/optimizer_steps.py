@@ -16,6 +16,7 @@ import torch
 
 from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
+from vkv.compress.head_budget import HeadBudget
 from vkv.compress.kv_loss import Batch, layer_losses
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.precision import activation_dtype, autocast, uses_bf16
@@ -49,7 +50,7 @@ def prepare_span(lm: FrozenLM, transcript_path: str | Path, span: str, ratio: fl
     acts, cache = capture_span(lm, rendered.ids, start, end, keep_cache=True)
     # the optimiser's problem: the default recipe's targets and positions for `budget` virtual tokens; how each head
     # spends its share (and which entries stay verbatim) is not part of it
-    config = replace(CompressConfig().validate(), head_budget="shared")
+    config = replace(CompressConfig().validate(), head_budget=HeadBudget.SHARED)
     problem = SpanProblem.build(
         lm, rendered.ids, acts, span_budget(end - start, ratio), config, rendered.message_starts
     )
