@@ -122,7 +122,7 @@ def test_vkv_modes_are_its_fields_and_the_earlier_mode_methods_are_refused(tiny_
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="hybrid")
     with pytest.raises(VkvError, match="method 'vkv' has no option steps; its options are per_turn, recipe"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", steps=3)
-    with pytest.raises(VkvError, match="field per_turn: expected True or False, got 'yes'"):
+    with pytest.raises(VkvError, match="field per_turn: expected bool, got 'yes'"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", per_turn="yes")
     with pytest.raises(
         VkvError, match=r"field keep_verbatim was renamed: .* recipe=vkv.VkvRecipe\(verbatim=\"shared\"\)"
