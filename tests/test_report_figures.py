@@ -206,3 +206,22 @@ def test_the_distance_caption_says_its_y_axis_holds_the_reference_lines():
 
     caption = CAPTIONS[PLOTS["distance"]]
     assert "the y axis spans the bars and the full- and no-context lines" in caption and "drawn bars" not in caption
+
+
+def test_a_legend_name_keeps_the_method_and_the_fewest_options_that_tell_its_variant_apart():
+    from vkv.sweep.plots import legend_names
+
+    labels = [
+        "am",  # run once: its label is its name
+        "kvzip head_budget=global normalise=context",
+        "kvzip head_budget=uniform normalise=context",
+        "kvzip head_budget=global normalise=chunk",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=am",  # results of two models: the model heads the label
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=kvzip",
+    ]
+    assert legend_names(labels) == {  # kvzip's global-context variant needs both options: named by its label
+        "kvzip head_budget=uniform normalise=context": "kvzip head_budget=uniform",
+        "kvzip head_budget=global normalise=chunk": "kvzip normalise=chunk",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=am": "Qwen/8bit vkv verbatim_source=am",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=kvzip": "Qwen/8bit vkv verbatim_source=kvzip",
+    }

@@ -22,6 +22,7 @@ import re
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
 from vkv.io import atomic_path
@@ -172,8 +173,8 @@ def methods(table_rows: list[dict], reference: str | None = None) -> list[str]:
 def legend_names(variants: list[str]) -> dict[str, str]:
     """{label: name} for the labels a figure names more briefly: a label is its method plus every option in which that
     method's runs differ ("kvzip head_budget=global normalise=context"); its name keeps the method and the fewest of
-    those options that still tell apart the method's variants here (the first such set in the label's order), so a
-    method run once is named by itself and two variants of one method by the option that separates them. Labels
+    its options that no other variant of the method here shares all of (of several such sets, the one whose values the
+    fewest other variants share, then the first in the label's order), so a method run once is named by itself and two variants of one method by the option that separates them. Labels
     already that short are not in the dict (`names.get(v, v)` names every variant)."""
     parsed = {v: _label_parts(v) for v in variants}
     by_head: dict[str, list[str]] = defaultdict(list)
@@ -181,15 +182,24 @@ def legend_names(variants: list[str]) -> dict[str, str]:
         by_head[head].append(variant)
     out: dict[str, str] = {}
     for head, group in by_head.items():
-        keys = list(dict.fromkeys(k for v in group for k in parsed[v][1]))
-        for chosen in _subsets(keys):
-            named = {
-                v: " ".join([head] + [f"{k}={parsed[v][1][k]}" for k in chosen if k in parsed[v][1]]) for v in group
-            }
-            if len(set(named.values())) == len(group):
-                out.update({v: n for v, n in named.items() if n != v})
-                break
+        for variant in group:
+            options = parsed[variant][1]
+            others = [parsed[u][1] for u in group if u != variant]
+            shared = {k: sum(other.get(k) == value for other in others) for k, value in options.items()}
+            for size in range(len(options) + 1):
+                apart = [c for c in combinations(options, size) if not any(_agree(o, options, c) for o in others)]
+                if apart:  # of those, the options the fewest other variants share (the most telling)
+                    chosen = min(apart, key=lambda c: sum(shared[k] for k in c))
+                    name = " ".join([head] + [f"{k}={options[k]}" for k in chosen])
+                    if name != variant:
+                        out[variant] = name
+                    break
     return out
+
+
+def _agree(other: dict[str, str], options: dict[str, str], keys) -> bool:
+    """Whether `other` has every one of `keys` at the value `options` gives it."""
+    return all(other.get(k) == options[k] for k in keys)
 
 
 def _label_parts(label: str) -> tuple[str, dict[str, str]]:
@@ -207,14 +217,6 @@ def _label_parts(label: str) -> tuple[str, dict[str, str]]:
         else:
             options[key] += f" {word}"
     return " ".join(head), options
-
-
-def _subsets(keys: list[str]):
-    """Every subset of `keys`, the smallest first, each in the keys' order (the empty one first of all)."""
-    from itertools import combinations
-
-    for size in range(len(keys) + 1):
-        yield from combinations(keys, size)
 
 
 def full_label_key(names: dict[str, str], used) -> list[str]:
