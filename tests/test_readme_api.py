@@ -50,6 +50,9 @@ def test_the_readme_command_line_quickstart_runs_as_written(test_model_dir, tmp_
         words = shlex.split(line, comments=True)  # each line ends with its time as a comment
         assert words[0] == "vkv" and re.search(r"  # \d+ s$", line), line
         assert main(words[1:]) == 0, line
+        if words[1] == "compress":  # its seconds say what they count, the model's load apart
+            said = " ".join(capsys.readouterr().out.split())  # the console may wrap the line
+            assert re.search(r"\(\d+\.\d s wall, from the prefill to the written file\); the model loaded in", said)
         if words[1] == "ask":
             # the compressed window holds the fact asked about: "bcryptjs" (turns 1-3 hold neither; turns 4-6 only the
             # bcrypt the project later drops, which the answer then names)
