@@ -25,8 +25,8 @@ vkv eval "$T" --model smollm2-135m --window 768 --max-windows 1 --ratio 3.2 \
 cat <<EOF
 
 What the numbers mean ($SECONDS s after setup; the tables' full rows: $OUT/eval.json):
-- ask: the answer read from the compressed cache alone, which keeps 1 entry per KV head for every 3.2 tokens of the
-  window; "bcryptjs" is right (the project dropped "bcrypt", the wrong answer, in turn 8).
+- ask: the answer read from the compressed cache alone, which keeps 1 entry per KV head for every 3.2 tokens of
+  turns 8-9 (the system message stays whole); "bcryptjs" is right (in turn 8 the project drops "bcrypt", wrong).
 - eval asks each question after the window, compressed by each method to 3.2 tokens per entry ("achieved"), and
   scores the answer against the references full (the whole window kept) and none (nothing kept, positions kept):
   retention = (log p_method - log p_none) / (log p_full - log p_none) of the correct answer, the share of the
