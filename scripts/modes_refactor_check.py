@@ -56,8 +56,9 @@ def cases(methods, text_method) -> dict[str, tuple[str, dict]]:
 
 
 def write(folder: Path) -> int:
-    from tests.conftest import FIXTURES, build_tiny
     from transformers import AutoTokenizer
+
+    from tests.conftest import FIXTURES, build_tiny
 
     try:
         from vkv.api.compress import _kv_method, compress_with

@@ -19,9 +19,12 @@ def test_the_readme_python_example_runs(test_model_dir, tmp_path, monkeypatch):
     assert len(printed) == 5 and re.fullmatch(r"\d+ bytes to decode on, for \d+ tokens", printed[0])
     nbytes, tokens = map(int, re.findall(r"\d+", printed[0]))
     layers, heads, dim = 30, 3, 64  # smollm2-135m: what the uncompressed conversation's K/V take in fp32
-    assert nbytes < tokens * layers * heads * 2 * dim * 4 / 2 and (tmp_path / "session.safetensors").is_file()
+    assert nbytes < tokens * layers * heads * 2 * dim * 4 and (tmp_path / "session.safetensors").is_file()
     assert printed[1] == printed[3]  # the saved and loaded session answer alike
-    assert printed[4].strip()  # transformers' generate() on the loaded RaggedCache answers
+    # the answers name the library the compressed messages hold: vkv's greedy loop before and after save/load, and
+    # transformers' generate() on the loaded RaggedCache (at 4x, too much for messages of 9-29 tokens, the first
+    # answered "npm test: 14 passed")
+    assert all("bcrypt" in printed[i].lower() for i in (1, 3, 4)), printed
 
 
 def readme_block(marker: str, language: str) -> str:
@@ -44,9 +47,17 @@ def test_the_readme_command_line_quickstart_runs_as_written(test_model_dir, tmp_
     monkeypatch.chdir(tmp_path)
     (tmp_path / "transcripts").symlink_to(ROOT / "transcripts")
     for line in readme_block("cli-quickstart", "bash").strip().splitlines():
-        words = shlex.split(line)
-        assert words[0] == "vkv", line
+        words = shlex.split(line, comments=True)  # each line ends with its time as a comment
+        assert words[0] == "vkv" and re.search(r"  # \d+ s$", line), line
         assert main(words[1:]) == 0, line
+        if words[1] == "compress":  # its seconds say what they count, the model's load apart
+            said = " ".join(capsys.readouterr().out.split())  # the console may wrap the line
+            assert re.search(r"\(\d+\.\d s wall, from the prefill to the written file\); the model loaded in", said)
+        if words[1] == "ask":
+            # the compressed window holds the fact asked about: "bcryptjs" (turns 1-3 hold neither; turns 4-6 only the
+            # bcrypt the project later drops, which the answer then names)
+            answers = re.findall(r"^A: (.*)$", capsys.readouterr().out, re.M)
+            assert len(answers) == 1 and "bcryptjs" in answers[0], answers
     printed = capsys.readouterr().out
     assert (tmp_path / "taskapi.safetensors").is_file() and "kvzip" in printed
 
@@ -56,4 +67,4 @@ def test_the_readme_plain_transformers_example_runs(test_model_dir, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     printed = []
     exec(compile(readme_block("python-compress", "python"), "README.md", "exec"), {"print": printed.append})
-    assert len(printed) == 1 and printed[0].strip()  # an answer read from the compressed cache
+    assert len(printed) == 1 and "bcrypt" in printed[0].lower()  # an answer read from the compressed cache

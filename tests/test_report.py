@@ -255,13 +255,13 @@ def test_intervals_from_few_windows_carry_a_caveat(sweep_dir):
 
 def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_names_the_rest(tmp_path, figures):
     from vkv.sweep.plot_quality import draw_quality
-    from vkv.sweep.plots import LEADING, aliases, methods, style
+    from vkv.sweep.plots import LEADING, legend_names, methods, style
 
     assert len({(style(i)["color"], style(i)["marker"]) for i in range(40)}) == 40
     table = [
         {
             "method": "vkv",
-            "variant": f"vkv a_setting_with_a_long_name={i:02d}",
+            "variant": f"vkv pooling=surprisal steps={i}",  # the steps tell the variants apart
             "ratio_requested": 2.0,
             "ratio_achieved": 2.0 + i / 10,
             "span_memory_kib": 2048.0 + i,
@@ -272,8 +272,8 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
         }
         for i in range(12)
     ]
-    names = aliases(methods(table))
-    notes = draw_quality(table, tmp_path / "q.png", names, reference="vkv a_setting_with_a_long_name=11")
+    names = legend_names(methods(table))
+    notes = draw_quality(table, tmp_path / "q.png", names, reference="vkv pooling=surprisal steps=11")
     quality = figures["q.png"]
     drawn_axes = [ax for ax in quality.axes if ax.axison]  # 3 panels in a 2 × 2 grid: the blank cell holds the legend
     assert len(drawn_axes) == 3 and quality.get_figwidth() <= 12
@@ -285,10 +285,13 @@ def test_the_quality_figure_draws_few_enough_variants_for_distinct_colours_and_n
     assert "keyword accuracy" not in {ax.get_title() for ax in quality.axes}
     assert any("Not drawn: keyword accuracy" in n for n in notes)
     told = " ".join(notes)
-    assert "Left out: vkv-5, vkv-6, vkv-7, vkv-8, vkv-9, vkv-10, vkv-11;" in told  # every variant not drawn is named
+    left_out = ", ".join(f"vkv steps={i}" for i in range(4, 11))  # every variant not drawn is named
+    assert f"Left out: {left_out};" in told
     legend = [t.get_text() for t in blank[0].get_legend().get_texts()]
-    assert "vkv-1 (12 windows)" in legend and not any("a_setting" in t for t in legend)  # aliases, keyed in the notes
-    assert "- `vkv-1`: vkv a_setting_with_a_long_name=00" in notes
+    # legends name the method and the option that tells its variants apart, not an alias; report.md the full label
+    assert "vkv steps=1 (12 windows)" in legend and not any("pooling" in t for t in legend)
+    assert "vkv steps=11 (reference; 12 windows)" in legend
+    assert "- `vkv steps=0`: vkv pooling=surprisal steps=0" in notes
     assert [t.get_text() for t in drawn_axes[-1].get_xticklabels()][0] == "2"  # round MiB, plain
 
 

@@ -1,5 +1,5 @@
 """The report figures' marks and keys: measured x as grey ticks (no connectors), a tight memory-axis spread with
-its note, one left-to-right order in every figure, the reference marked, each figure's own alias key."""
+its note, one left-to-right order in every figure, the reference marked, variants named by method and option."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from tests.report_helpers import _cell, _markers, _texts, keep_figures, line
 
-LONG = "vkv a_setting_with_a_long_name="  # long enough for an alias
+LONG = "vkv a_setting_with_a_long_name="  # a long label, named as it is
+SHARED = "vkv pooling=uniform steps="  # two options in the label, one of which tells the variants apart
 
 
 @pytest.fixture
@@ -68,14 +69,15 @@ def test_the_memory_axis_spreads_little_with_small_markers_and_says_how_close_th
 
 def test_the_distance_and_quality_figures_share_one_order_and_mark_the_reference(tmp_path, figures):
     from vkv.sweep.plot_quality import draw_quality
-    from vkv.sweep.plots import aliases, draw_distance, methods
+    from vkv.sweep.plots import draw_distance, legend_names, methods
 
     variants = [f"{LONG}{i}" for i in range(3)]  # ranked 2, 0, 1 by retention: drawn in the order 0, 1, 2
     retention = {variants[0]: 0.8, variants[1]: 0.7, variants[2]: 0.9}
     table = _table([(v, 8.0, 1000.0, retention[v], 0.5 * retention[v]) for v in variants])
     columns = ["0–127", "128–511"]
     cells = {(v, 8.0): {c: _cell(retention[v]) for c in columns} for v in variants}
-    names = aliases(methods(table))
+    names = legend_names(methods(table))
+    assert names == {}  # one option, which tells them apart: each named by its whole label
     draw_quality(table, tmp_path / "q.png", names, reference=variants[1])
     draw_distance(columns, cells, table, tmp_path / "d.png", names, reference=variants[1])
     order = methods(table, variants[1])
@@ -85,33 +87,42 @@ def test_the_distance_and_quality_figures_share_one_order_and_mark_the_reference
         lefts = [colours[c] for c in ("#0072B2", "#E69F00", "#009E73")]  # styles 0, 1, 2: `methods`' order
         assert lefts == sorted(lefts) and len(set(lefts)) == 3
         legend = _texts(fig)
-        assert f"{names[variants[1]]} (reference; 12 windows)" in legend or "(reference; 5" in legend
+        assert f"{variants[1]} (reference; 12 windows)" in legend or "(reference; 5" in legend
         assert legend.count("(reference;") == 1
     assert order == sorted(variants)
 
 
-def test_every_figure_with_aliases_keys_them_in_its_own_notes(tmp_path, figures):
+def test_every_figure_names_variants_by_method_and_the_option_that_tells_them_apart(tmp_path, figures):
     from vkv.sweep.plot_losses import draw_losses
     from vkv.sweep.plot_quality import draw_quality
     from vkv.sweep.plot_questions import draw_heatmap
-    from vkv.sweep.plots import aliases, draw_distance, methods
+    from vkv.sweep.plots import draw_distance, legend_names, methods
 
     lines = []
     for i in range(2):
         for ratio in (2.0, 4.0):
             x = line(f"v{i}{ratio}", "vkv", ratio, [True, i == 0, False], pooling="uniform", trace=[3 + i, 2, 1])
-            x["variant"] = f"{LONG}{i}"
+            x["variant"] = f"{SHARED}{i}"
             lines.append(x)
-    table = _table([(f"{LONG}{i}", r, 100.0 * r, 0.9 - i / 5 - r / 20, 0.3) for i in range(2) for r in (2.0, 4.0)])
-    names = aliases(methods(table))
+    table = _table([(f"{SHARED}{i}", r, 100.0 * r, 0.9 - i / 5 - r / 20, 0.3) for i in range(2) for r in (2.0, 4.0)])
+    names = legend_names(methods(table))
+    assert names == {f"{SHARED}0": "vkv steps=0", f"{SHARED}1": "vkv steps=1"}
     cells = {(v["variant"], v["ratio_requested"]): {"0–127": _cell(v["mean_retention"])} for v in table}
-    draw_quality(table, tmp_path / "q.png", names)
-    draw_distance(["0–127", "128–511"], cells, table, tmp_path / "d.png", names)
-    draw_losses(lines, tmp_path / "l.png", names)
-    draw_heatmap(lines, table, tmp_path / "h.png", names)
-    for png in ("q.png", "d.png", "l.png", "h.png"):
-        told = " ".join(t.get_text() for t in figures[png].texts).replace("\n", " ")
-        assert f"Aliases: vkv-1 = {LONG}0; vkv-2 = {LONG}1." in told, png
+    keys = {
+        "q.png": draw_quality(table, tmp_path / "q.png", names),
+        "d.png": draw_distance(["0–127", "128–511"], cells, table, tmp_path / "d.png", names),
+        "l.png": draw_losses(lines, tmp_path / "l.png", names),
+        "h.png": draw_heatmap(lines, table, tmp_path / "h.png", names),
+    }
+    for png, md in keys.items():
+        fig = figures[png]
+        shown = _texts(fig) + "".join(
+            t.get_text() for ax in fig.axes for t in [ax.title, *ax.get_xticklabels(), *ax.get_yticklabels()]
+        )
+        assert "vkv steps=0" in shown and "vkv steps=1" in shown and "vkv-1" not in shown, png
+        told = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+        assert "Names: the method and the options that tell its variants apart" in told, png
+        assert f"- `vkv steps=1`: {SHARED}1" in md, png  # report.md keys the full label
 
 
 def _heatmap_lines(values_by_variant):
@@ -195,3 +206,22 @@ def test_the_distance_caption_says_its_y_axis_holds_the_reference_lines():
 
     caption = CAPTIONS[PLOTS["distance"]]
     assert "the y axis spans the bars and the full- and no-context lines" in caption and "drawn bars" not in caption
+
+
+def test_a_legend_name_keeps_the_method_and_the_fewest_options_that_tell_its_variant_apart():
+    from vkv.sweep.plots import legend_names
+
+    labels = [
+        "am",  # run once: its label is its name
+        "kvzip head_budget=global normalise=context",
+        "kvzip head_budget=uniform normalise=context",
+        "kvzip head_budget=global normalise=chunk",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=am",  # results of two models: the model heads the label
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=kvzip",
+    ]
+    assert legend_names(labels) == {  # kvzip's global-context variant needs both options: named by its label
+        "kvzip head_budget=uniform normalise=context": "kvzip head_budget=uniform",
+        "kvzip head_budget=global normalise=chunk": "kvzip normalise=chunk",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=am": "Qwen/8bit vkv verbatim_source=am",
+        "Qwen/8bit vkv verbatim_share=0.9 verbatim_source=kvzip": "Qwen/8bit vkv verbatim_source=kvzip",
+    }

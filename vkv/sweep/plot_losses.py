@@ -1,7 +1,7 @@
 """`vkv report`'s loss_curves.png: each optimising method variant's loss per step, one panel per variant.
 
 Variants whose losses are identical at every step of every run (they differ only in settings that act after the
-optimisation, such as where the virtual tokens sit) share one panel, titled with every alias, and the notes say so;
+optimisation, such as where the virtual tokens sit) share one panel, titled with every name, and the notes say so;
 a ratio a variant has no curve at is named on its panel and in the notes. Shared styles and layout come from
 vkv.sweep.plots.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vkv.sweep.plots import _finish, _grid, alias_key, alias_note, named_list, ratio_text, style, wrap_notes
+from vkv.sweep.plots import _finish, _grid, full_label_key, named_list, ratio_text, shortened_note, style, wrap_notes
 
 
 def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[str] | None:
@@ -57,8 +57,8 @@ def draw_losses(lines: list[dict], path: Path, names: dict[str, str]) -> list[st
     fig.suptitle(wrap_notes([title], fig.get_figwidth(), size=10), fontsize=10)  # within the figure's width
     notes = _loss_notes(panels, gaps, ran, untraced - set(traced), names) + _coincide_notes(together, names)
     handles = {f"{ratio_text(r)}×": Line2D([], [], **styles[r]) for r in ratios}  # in ratio order
-    _finish(fig, path, notes + alias_note(names, set(traced) | untraced), handles, title="requested ratio")
-    return ["", *notes] + alias_key(names, set(traced) | untraced)
+    _finish(fig, path, notes + shortened_note(names, set(traced) | untraced), handles, title="requested ratio")
+    return ["", *notes] + full_label_key(names, set(traced) | untraced)
 
 
 def _runs(traced: dict[str, list[dict]]) -> str:

@@ -17,9 +17,8 @@ from vkv.sweep.plots import (
     Selection,
     _finish,
     _grid,
-    alias_key,
-    alias_note,
     few_windows_note,
+    full_label_key,
     leading,
     measured_ticks,
     methods,
@@ -27,6 +26,7 @@ from vkv.sweep.plots import (
     nudge,
     round_ticks,
     set_log_ticks,
+    shortened_note,
     style,
     window_label,
 )
@@ -93,7 +93,7 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], refe
     marker, the rest named; the reference marked in the legend), intervals as error bars, at most 2 panels a row.
     Points closer than a marker's width on a panel are spread sideways (`spread`), the memory axis's by at most
     MEMORY_MOST; a light-grey tick at the foot of each panel marks every point's measured x. A panel whose values
-    hardly vary across methods is left out and named; the notes key the aliases."""
+    hardly vary across methods is left out and named; report.md keys the full labels of shortened names."""
     picked = leading(table_rows, reference)
     variants = methods(table_rows, reference)  # the index into every figure's styles
     drawn = [v for v in variants if v in picked.union()]
@@ -135,8 +135,8 @@ def draw_quality(table_rows: list[dict], path: Path, names: dict[str, str], refe
         (r.get("mean_retention") or 0) > 1 for pts in curves.values() for r in pts
     ):
         notes.append(ABOVE_ONE)
-    _finish(fig, path, notes + alias_note(names, variants), handles)
-    return md + alias_key(names, variants)
+    _finish(fig, path, notes + shortened_note(names, variants), handles)
+    return md + full_label_key(names, variants)
 
 
 def _offsets(curves: dict[str, list[dict]], drawn: list[str], panel: tuple) -> tuple[dict[int, float], float]:

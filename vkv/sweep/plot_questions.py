@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vkv.sweep.plots import _finish, alias_key, alias_note, leading, ratio_text, wrap_notes
+from vkv.sweep.plots import _finish, full_label_key, leading, ratio_text, shortened_note, wrap_notes
 
 BINS = (0.25, 0.5, 0.75, 0.9)  # retention bin edges: 0.9 and up reads as kept, under 0.25 as lost
 BIN_LABELS = ("< 0.25", "0.25–0.5", "0.5–0.75", "0.75–0.9", "≥ 0.9")
@@ -88,9 +88,9 @@ def draw_heatmap(
              "the first facts to degrade at the bottom")  # fmt: skip
     fig.suptitle(wrap_notes([title], width, size=9), fontsize=9)  # over the figure, so it widens nothing
     notes = [range_note(data[keep]), *marked, *_heatmap_notes(len(questions) - len(keep), weak, picked, names)]
-    key = alias_note(names, picked.named())
+    key = shortened_note(names, picked.named())
     _finish(fig, path, notes + key, handles, title="retention (1 = full context; 0 = no context)", ncol=len(handles))
-    return ["", *notes] + alias_key(names, picked.named())
+    return ["", *notes] + full_label_key(names, picked.named())
 
 
 def range_note(data: np.ndarray) -> str:

@@ -3,15 +3,15 @@ error bars named on the figure (95 % window-bootstrap intervals), every method d
 out for a stated rule, or not run at a panel's ratio), colour-blind-safe colours (Okabe and Ito's palette; a crowded
 figure draws few enough variants, `leading`, that each has its own colour and marker), points on a measured axis
 moved sideways only where their markers would overlap (`spread`, in the variants' drawing order, as the distance
-panels nudge them), each measured x marked by a light-grey tick on the axis, short aliases for long method labels
-(keyed in each figure's notes and in report.md), the `--vs` reference marked in the legend, ratios as a reader
+panels nudge them), each measured x marked by a light-grey tick on the axis, variants named by their method and the
+option that tells them apart (`legend_names`; report.md keys the full labels), the `--vs` reference marked in the legend, ratios as a reader
 writes them (10.7×, not 10.667×), legends in a blank grid cell or under the panels, notes under them, a two-colour scale only for yes/no
 data, and a caveat under 10 windows.
 
 This module holds what the figures share (styles, ticks, layout, which variants a crowded panel draws) and the
 distance figure; the quality figure, the loss curves and the question heatmap have their own modules
 (vkv.sweep.plot_quality, vkv.sweep.plot_losses, vkv.sweep.plot_questions). Each `draw_*` writes one PNG and returns the markdown lines
-report.md prints under the figure (the alias key, what was left out), or None when there is nothing to draw.
+report.md prints under the figure (the full labels of shortened names, what was left out), or None when there is nothing to draw.
 Needs matplotlib (pip install 'vkv[plots]'); `vkv.sweep.report.plots` checks that it is there.
 """
 
@@ -22,6 +22,7 @@ import re
 import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import combinations
 from pathlib import Path
 
 from vkv.io import atomic_path
@@ -35,7 +36,6 @@ YELLOW_EDGE = "#6B6300"  # a dark olive of the same hue: the yellow marker reads
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.")
 INTERVALS = "error bars: 95 % window-bootstrap intervals"
-LONG_LABEL = 28  # longer labels crowd legends and ticks: the figures use an alias, report.md gives the full label
 FLAT = 0.05  # a quality panel whose values span less than this across methods cannot tell them apart
 LEADING = 4  # variants a panel draws at one ratio (the best by mean retention); more lines tangle past reading
 NOTE_SIZE = 9  # points, the notes under a figure
@@ -68,7 +68,7 @@ class Selection:
         return sorted({v for group in self.drawn.values() for v in group})
 
     def named(self) -> set[str]:
-        """Every variant the figure draws or its notes name (so report.md keys all their aliases)."""
+        """Every variant the figure draws or its notes name (so report.md keys all their full labels)."""
         groups = (*self.drawn.values(), *self.left_out.values(), *self.absent.values())
         return {v for group in groups for v in group} | {*self.alone.values()}
 
@@ -102,12 +102,12 @@ class Selection:
 
 
 def named_list(variants, names: dict[str, str]) -> list[str]:
-    """The variants by alias in natural order (vkv-2 before vkv-10)."""
+    """The variants by name in natural order (ratio=2 before ratio=10)."""
     return named_order(names.get(v, v) for v in variants)
 
 
 def _per_ratio(groups: dict[float, list[str]], names: dict[str, str]) -> str:
-    """ "at 3.2×: a, b; at 8×: c": the variants of each ratio by alias, sorted."""
+    """ "at 3.2×: a, b; at 8×: c": the variants of each ratio by name, sorted."""
     return "; ".join(f"at {ratio_text(r)}×: {', '.join(named_list(vs, names))}" for r, vs in groups.items() if vs)
 
 
@@ -170,33 +170,74 @@ def methods(table_rows: list[dict], reference: str | None = None) -> list[str]:
     return sorted(first & every) + sorted(every - first)
 
 
-def aliases(variants: list[str]) -> dict[str, str]:
-    """{label: alias} for labels longer than LONG_LABEL: the method and a number per long variant ("vkv-2")."""
+def legend_names(variants: list[str]) -> dict[str, str]:
+    """{label: name} for the labels a figure names more briefly: a label is its method plus every option in which that
+    method's runs differ ("kvzip head_budget=global normalise=context"); its name keeps the method and the fewest of
+    its options that no other variant of the method here shares all of (of several such sets, the one whose values the
+    fewest other variants share, then the first in the label's order), so a method run once is named by itself and two variants of one method by the option that separates them. Labels
+    already that short are not in the dict (`names.get(v, v)` names every variant)."""
+    parsed = {v: _label_parts(v) for v in variants}
+    by_head: dict[str, list[str]] = defaultdict(list)
+    for variant, (head, _) in parsed.items():
+        by_head[head].append(variant)
     out: dict[str, str] = {}
-    count: dict[str, int] = defaultdict(int)
-    for variant in sorted(variants):
-        if len(variant) > LONG_LABEL:
-            method = variant.split(" ")[0]
-            count[method] += 1
-            out[variant] = f"{method}-{count[method]}"
+    for head, group in by_head.items():
+        for variant in group:
+            options = parsed[variant][1]
+            others = [parsed[u][1] for u in group if u != variant]
+            shared = {k: sum(other.get(k) == value for other in others) for k, value in options.items()}
+            for size in range(len(options) + 1):
+                apart = [c for c in combinations(options, size) if not any(_agree(o, options, c) for o in others)]
+                if apart:  # of those, the options the fewest other variants share (the most telling)
+                    chosen = min(apart, key=lambda c: sum(shared[k] for k in c))
+                    name = " ".join([head] + [f"{k}={options[k]}" for k in chosen])
+                    if name != variant:
+                        out[variant] = name
+                    break
     return out
 
 
-def alias_key(names: dict[str, str], used) -> list[str]:
-    """report.md's key from the aliases a figure shows (of the labels in `used`) to the full labels."""
+def _agree(other: dict[str, str], options: dict[str, str], keys) -> bool:
+    """Whether `other` has every one of `keys` at the value `options` gives it."""
+    return all(other.get(k) == options[k] for k in keys)
+
+
+def _label_parts(label: str) -> tuple[str, dict[str, str]]:
+    """A variant label split into its head (the method, after the model/quant where the results hold several) and its
+    options {key: value} in the label's order (a value with spaces keeps them)."""
+    head: list[str] = []
+    options: dict[str, str] = {}
+    key = None
+    for word in label.split(" "):
+        if "=" in word and not word.startswith("="):
+            key, value = word.split("=", 1)
+            options[key] = value
+        elif key is None:
+            head.append(word)
+        else:
+            options[key] += f" {word}"
+    return " ".join(head), options
+
+
+def full_label_key(names: dict[str, str], used) -> list[str]:
+    """report.md's key from the names a figure shows (of the labels in `used`) to the full labels they shorten."""
     key = [f"- `{names[v]}`: {v}" for v in sorted(names) if v in used]
-    return ["", "Labels in this figure:", "", *key] if key else []
+    return ["", "Full labels of the names in this figure:", "", *key] if key else []
 
 
-def alias_note(names: dict[str, str], used) -> list[str]:
-    """The figure's own key to the aliases it shows (of the labels in `used`): "Aliases: am-1 = am bias=…; …", so
-    the PNG reads without report.md."""
-    key = [f"{a} = {v}" for a, v in sorted((names[v], v) for v in names if v in used) if a]
-    return [f"Aliases: {'; '.join(named_order(key))}."] if key else []
+def shortened_note(names: dict[str, str], used) -> list[str]:
+    """The figure's own sentence saying how its names were shortened, where one of those it shows (of the labels in
+    `used`) was, so the PNG reads without report.md."""
+    if not any(v in names for v in used):
+        return []
+    return [
+        "Names: the method and the options that tell its variants apart here (options its variants share left "
+        "out); report.md gives each full label."
+    ]
 
 
 def named_order(texts) -> list[str]:
-    """Texts in natural order (vkv-2 before vkv-10)."""
+    """Texts in natural order (steps=2 before steps=10)."""
     return sorted(texts, key=lambda t: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", t)])
 
 
@@ -359,8 +400,8 @@ def draw_distance(
     legend = {window_label(names.get(v, v), fewest[v], v == reference): handles[v] for v in variants if v in fewest}
     legend.update({k: handles[k] for k in ("full context", "no context")})
     used = picked.named() | {v for v, _ in unrecorded}
-    _finish(fig, path, lines + alias_note(names, used), legend)
-    return ([""] + told if told else []) + alias_key(names, used)
+    _finish(fig, path, lines + shortened_note(names, used), legend)
+    return ([""] + told if told else []) + full_label_key(names, used)
 
 
 THIN = (

@@ -152,8 +152,8 @@ def _markdown_breakdowns(results: SweepResults, table_rows: list[dict]) -> list[
 CAPTIONS = {
     PLOTS["quality"]: "## Quality vs achieved ratio and bytes in memory\n\nThe variants that are, at some requested "
     "ratio, among the 4 with the highest mean retention (and the `--vs` reference): the distance figure's rule, fewer "
-    "where the palette's 8 colours would not cover them, so every drawn variant has its own colour and marker (long "
-    "labels by alias, keyed under the figure); the notes name every variant left out. The ratio axes are ticked at "
+    "where the palette's 8 colours would not cover them, so every drawn variant has its own colour and marker (each "
+    "named by its method and the options that tell it apart, full labels under the figure); the notes name every variant left out. The ratio axes are ticked at "
     "the ratios measured, the memory axis at round MiB; points whose measured x lie closer than a marker's width are "
     "spread sideways in the legend's order, symmetrically and only as far as the markers need (the notes give by "
     "how much), a light-grey tick at the foot of each panel marking every point's measured x; the memory axis draws "

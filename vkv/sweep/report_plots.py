@@ -20,8 +20,8 @@ def plots(
     results: SweepResults, table_rows: list[dict], out: Path, reference: str | None = None
 ) -> dict[str, list[str]]:
     """Write the PNGs that have data (vkv.sweep.plots and its siblings); returns {file name: report.md lines under it
-    (alias key, what was left out)}. `reference` (the `--vs` variant) is drawn wherever the figures thin out a
-    crowded panel. Needs matplotlib (pip install 'vkv[plots]')."""
+    (full labels of shortened names, what was left out)}. `reference` (the `--vs` variant) is drawn wherever the
+    figures thin out a crowded panel. Needs matplotlib (pip install 'vkv[plots]')."""
     try:
         import matplotlib  # optional dependency (vkv[plots])
 
@@ -33,7 +33,7 @@ def plots(
     from vkv.sweep import plots as draw
 
     out.mkdir(parents=True, exist_ok=True)
-    names = draw.aliases(draw.methods(table_rows))  # one alias per long label, the same in every figure
+    names = draw.legend_names(draw.methods(table_rows))  # one name per variant, the same in every figure
     distances = breakdown(results, "distance_tokens")
     drawn = {
         "quality": lambda path: plot_quality.draw_quality(table_rows, path, names, reference),
