@@ -108,7 +108,7 @@ def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, 
     work = evaluation.work
     segment = get_method(name, **options).compress(work, 3.0)
     layers, kv_heads = work.lm.spec.num_layers, work.lm.spec.num_kv_heads
-    assert segment.keys.shape[:2] == (layers, kv_heads) and segment.entries >= work.budget(3.0)
+    assert segment.keys.shape[:2] == (layers, kv_heads) and segment.slots >= work.budget(3.0)
     assert segment.real_entries == pytest.approx(work.budget(3.0))  # adaptive budgets pad; the pads are unreachable
     keys, _ = work.span_kv()
     for layer in range(layers):  # every kept key is one of the span's own, in its own head
@@ -123,7 +123,7 @@ def test_methods_meet_the_budget_and_survive_a_file(evaluation, tmp_path, name, 
     assert (loaded.bias is None) == (segment.bias is None) and loaded.kind == segment.kind
     result = evaluation.evaluate(get_method(name, **options), 3.0)
     assert result["ratio_achieved"] == pytest.approx(work.span_length / work.budget(3.0), rel=1e-3)
-    assert result["stored_entries"] == segment.entries  # the padded slots a per-byte comparison must count
+    assert result["stored_entries"] == segment.slots  # the padded slots a per-byte comparison must count
 
 
 def test_am_with_every_entry_answers_as_the_full_context_does(evaluation):

@@ -63,7 +63,7 @@ def test_auto_ratio_never_exceeds_its_tolerance_on_the_turn_it_measured(tiny_lla
             continue
         acts = history.view(turn).acts  # re-measure: the stored V against freshly built oracle targets
         blocks = span_blocks(
-            tiny_llama, session.ids, turn.start, turn.end, segment.entries, config.compress, acts.surprisal
+            tiny_llama, session.ids, turn.start, turn.end, segment.slots, config.compress, acts.surprisal
         )
         weights = block_weights("surprisal", blocks, acts.surprisal)
         targets = build_targets(tiny_llama, torch.tensor(session.ids), acts, blocks, weights, "v")

@@ -53,9 +53,9 @@ def test_hybrid_lays_out_its_virtual_blocks_by_surprisal(evaluation):  # noqa: F
     work = evaluation.work
     kept = set(segment.stats["verbatim_positions"])
     rest = torch.tensor([p for p in range(work.start, work.end) if p not in kept]) - work.start
-    blocks = partition_by_mass(block_mass(work.acts.surprisal[rest], config.mass_floor), segment.entries - len(kept))
+    blocks = partition_by_mass(block_mass(work.acts.surprisal[rest], config.mass_floor), segment.slots - len(kept))
     assert blocks != partition(len(rest), blocks.count)
-    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual = torch.ones(segment.slots, dtype=torch.bool)
     virtual[verbatim_entries(segment)] = False
     assert torch.equal(shared_mass(segment)[virtual], blocks.sizes())
     assert torch.allclose(segment.positions[virtual], blocks.centres(rest + work.start))

@@ -101,7 +101,7 @@ def test_the_embeddings_file_is_smaller_by_the_virtual_segments_factor(smol, cac
     head, and a mask of one bit per layer, KV head and slot. Verbatim tokens shrink far more (K/V against an id)."""
     spec = smol.spec
     virtual = caches.spliced.segments[1]
-    slots, real = virtual.entries, int(torch.isfinite(virtual.bias).sum())
+    slots, real = virtual.slots, int(torch.isfinite(virtual.bias).sum())
     heads = spec.num_layers * spec.num_kv_heads
     kv = 4 * (real * (2 * spec.head_dim + 1) + slots * (spec.hidden_size + 1)) + heads * slots
     embeddings = 4 * (slots * (spec.hidden_size + 2) + heads) + -(-heads * slots // 8)

@@ -213,7 +213,7 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     )
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     budget = work.budget(3.0)
-    assert segment.kind == "virtual" and segment.entries == min(work.span_length, 2 * budget)
+    assert segment.kind == "virtual" and segment.slots == min(work.span_length, 2 * budget)
     assert segment.real_entries == pytest.approx(budget)
     spliced = evaluation.splice(segment)
     spliced.meta.update({"fingerprint": work.lm.fingerprint, "spec": work.lm.spec.to_dict()})
@@ -234,9 +234,9 @@ def test_virtual_tokens_with_head_wise_budgets_keep_the_ratio_and_survive_an_emb
     probe = evaluation.questions[0].prompt
     assert torch.equal(Context(work.lm, reloaded).feed(probe), Context(work.lm, spliced).feed(probe))
     row = [r for r in report_rows(read_header(tmp_path / "e.safetensors")) if r["kind"] == "virtual"][0]
-    assert row["entries"] == pytest.approx(budget) and row["slots"] == segment.entries  # the report counts reach
+    assert row["entries"] == pytest.approx(budget) and row["slots"] == segment.slots  # the report counts reach
     assert row["ratio"] == pytest.approx(work.span_length / budget, abs=1e-3)
-    assert entries_text(row) == f"{row['entries']:g} of {segment.entries} slots"
+    assert entries_text(row) == f"{row['entries']:g} of {segment.slots} slots"
     result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
     assert result["compressed_entries"] == pytest.approx(budget)
     assert result["stored_entries"] == min(work.span_length, 2 * budget)
@@ -262,7 +262,7 @@ def test_fitted_biases_with_head_wise_shares_keep_each_heads_entries_and_fit_onl
     assert torch.equal(fitted.isneginf(), masked.isneginf()) and not torch.allclose(fitted, masked)
     acts, _ = capture_span(work.lm, work.ids[: work.end], work.start, work.end, queries=True)
     config = CompressConfig(head_budget="adaptive", share_scores="readout", fit_bias=True).validate()
-    readout = SpanProblem.build(work.lm, work.ids, acts, segments[True].entries, config).readout
+    readout = SpanProblem.build(work.lm, work.ids, acts, segments[True].slots, config).readout
 
     def error(bias):
         scores = readout.queries @ segments[True].keys.transpose(-1, -2) + bias[:, :, None, :]
@@ -335,10 +335,10 @@ def test_per_head_hybrid_keeps_each_heads_kvzip_best_verbatim_and_virtual_tokens
     segment = get_method("vkv", recipe=recipe).compress(work, 3.0)
     k = recipe.virtual_tokens(split.virtual, n)
     reach = torch.isfinite(segment.bias)
-    assert segment.kind == "compact" and segment.entries == int(reach.sum(-1).max()) and segment.embeddings is None
+    assert segment.kind == "compact" and segment.slots == int(reach.sum(-1).max()) and segment.embeddings is None
     assert segment.real_entries == pytest.approx(budget)  # verbatim and virtual entries together meet the budget
     if rule == "uniform":
-        assert segment.entries == budget  # memory: the budget's slots per head, no more
+        assert segment.slots == budget  # memory: the budget's slots per head, no more
     scores = ReconstructionPass.run(work, 2048, score=True).scores
     verbatim = reached(*per_head_index(scores, split.verbatim, rule), n)
     problem = SpanProblem.build(
@@ -427,7 +427,7 @@ def test_a_compacted_segment_holds_each_heads_reached_entries_and_attends_the_sa
     segment = Segment("virtual", (10, 30), keys, values, torch.linspace(10, 29, slots), torch.randn(slots, 5), {}, bias)
     compact = segment.compacted()
     reach = torch.isfinite(bias)
-    assert compact.kind == "compact" and compact.entries == int(reach.sum(-1).max()) and compact.embeddings is None
+    assert compact.kind == "compact" and compact.slots == int(reach.sum(-1).max()) and compact.embeddings is None
     assert compact.real_entries == segment.real_entries
     query = torch.randn(layers, heads, 5, dim, generator=g)
 
@@ -557,7 +557,7 @@ def test_turn_level_hybrid_ranks_its_virtual_tokens_by_the_reconstruction_pass(e
         work.lm, work.ids, work.acts, k, recipe.validate(), work.message_starts, tokens=rest, token_scores=scores
     )
     best = problem.blocks.most(scores[:, :, rest]).topk(share.virtual, dim=-1).indices
-    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual = torch.ones(segment.slots, dtype=torch.bool)
     virtual[segment.stats["verbatim_entries"]] = False
     reach = torch.isfinite(segment.bias[:, :, virtual])
     assert torch.equal(reach, torch.zeros_like(reach).scatter_(-1, best, True))

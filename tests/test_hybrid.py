@@ -43,7 +43,7 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
     work = evaluation.work
     method = shared_vkv(FAST, HybridConfig(0.15, keep_by))
     segment = method.compress(work, 3.2)
-    assert segment.entries == work.budget(3.2)  # verbatim and virtual entries together meet the ratio
+    assert segment.slots == work.budget(3.2)  # verbatim and virtual entries together meet the ratio
     kept = verbatim_entries(segment)
     assert len(kept) == round(0.15 * work.span_length) == segment.stats["verbatim_kept"]
     positions = segment.positions[kept]
@@ -58,7 +58,7 @@ def test_verbatim_entries_sit_at_original_positions_with_full_context_kv(evaluat
     assert segment.stats["verbatim_text"] == text
     # proportional attention: a verbatim entry stands for itself, the virtual ones for the rest of the span
     assert torch.all(shared_mass(segment)[kept] == 1) and int(shared_mass(segment).sum()) == work.span_length
-    virtual = torch.ones(segment.entries, dtype=torch.bool)
+    virtual = torch.ones(segment.slots, dtype=torch.bool)
     virtual[kept] = False
     assert shared_mass(segment)[virtual].min() >= 1 and shared_mass(segment)[virtual].sum() == work.span_length - len(
         kept
@@ -71,7 +71,7 @@ def test_hybrid_with_head_wise_shares_masks_only_virtual_tokens_and_keeps_the_bu
     segment = shared_vkv(recipe, HybridConfig(0.15, "surprisal")).compress(work, 3.2)
     kept = verbatim_entries(segment)
     assert segment.real_entries == pytest.approx(work.budget(3.2))  # what heads reach meets the ratio
-    assert segment.entries == len(kept) + 2 * segment.stats["virtual_entries"]  # twice the virtual slots
+    assert segment.slots == len(kept) + 2 * segment.stats["virtual_entries"]  # twice the virtual slots
     assert bool((segment.bias[:, :, kept] == 0).all())  # every head reaches every verbatim token, at weight 1
     assert bool(torch.isinf(segment.bias).any())
 

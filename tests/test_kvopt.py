@@ -134,7 +134,7 @@ def test_padding_stays_masked_and_the_budget_is_kvzips(evaluation, segments):
         padding = segment.bias.isneginf()
         assert torch.equal(padding, kvzip.bias.isneginf()) and bool(padding.any())  # the global split pads some heads
         assert segment.bias[~padding].isfinite().all()
-        assert segment.entries == kvzip.entries and segment.real_entries == pytest.approx(kvzip.real_entries)
+        assert segment.slots == kvzip.slots and segment.real_entries == pytest.approx(kvzip.real_entries)
         assert segment.real_entries == pytest.approx(work.budget(3.0))
         assert torch.equal(segment.positions, kvzip.positions)
     result = evaluation.evaluate(get_method("kvopt", chunk=CHUNK, start="keep", adam_steps=10, distill_steps=0), 3.0)

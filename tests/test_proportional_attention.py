@@ -100,7 +100,7 @@ def test_virtual_segment_bias_counts_its_blocks_and_survives_a_file(tiny_llama, 
     spliced = compress_span(tiny_llama, rendered.ids, start, end, 3.0, config)
     virtual = spliced.segments[1]
     mass = shared_mass(virtual)
-    assert int(mass.sum()) == end - start and mass.numel() == virtual.entries
+    assert int(mass.sum()) == end - start and mass.numel() == virtual.slots
     spliced.meta.update({"fingerprint": tiny_llama.fingerprint, "spec": tiny_llama.spec.to_dict()})
     save_cache(spliced, tmp_path / "c.safetensors")
     loaded = load_cache(tmp_path / "c.safetensors")
@@ -156,7 +156,7 @@ def test_fitted_biases_give_the_span_back_its_mass_and_survive_an_embeddings_fil
     spliced = compress_span(tiny_llama, rendered.ids, start, end, 3.0, config)
     virtual = spliced.segments[1]
     acts, _ = capture_span(tiny_llama, rendered.ids[:end], start, end, queries=True)
-    problem = SpanProblem.build(tiny_llama, rendered.ids, acts, virtual.entries, config)
+    problem = SpanProblem.build(tiny_llama, rendered.ids, acts, virtual.slots, config)
     readout = problem.readout
     mass = problem.mass(config)
     layers, heads, k, dim = virtual.keys.shape

@@ -235,7 +235,7 @@ def test_bytes_are_the_arithmetic_of_the_entries(tiny):
     flat = [s for s in spliced.segments if s.bias is not None and not bool(torch.isfinite(s.bias).all())]
     dense = [s for s in spliced.segments if s not in flat]
     reached = sum(int(torch.isfinite(s.bias).sum()) for s in flat)
-    dense_rows = layers * heads * sum(s.entries for s in dense)
+    dense_rows = layers * heads * sum(s.slots for s in dense)
     offsets = layers * (heads + 1) * 8
     # K and V rows of 4-byte floats; a float32 bias per flat entry, and per dense entry (a dense segment has one)
     expected = reached * (2 * dim * 4 + 4) + dense_rows * (2 * dim * 4 + 4) + offsets

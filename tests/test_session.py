@@ -91,7 +91,7 @@ def test_compression_goes_forward_only_and_keeps_memory_compressed(tiny_llama, t
         session.compress(turns=(2, 5))
     with pytest.raises(VkvError, match="outside"):
         session.compress(turns=(3, 99))
-    assert session.entries == session.cache.physical_length < len(session.ids)
+    assert session.slots == session.cache.physical_length < len(session.ids)
     with pytest.raises(VkvError, match="role"):
         Session(tiny_llama).append({"role": "robot", "content": "hi"})
 
@@ -110,7 +110,7 @@ def test_oracle_and_online_record_per_turn_loss_and_drift(evaluation):
     for mode in ("oracle", "online"):
         group = get_method("vkv", per_turn=True, recipe=VkvRecipe(FAST, target_source=mode)).compress(work, 2.0)
         rows = group.stats["turns"]
-        assert group.entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
+        assert group.real_entries == sum(r["entries"] for r in rows) == round(sum(t.length for t in turns) / 2)
         assert [r["targets"] for r in rows] == [mode] * len(turns) and len(rows) == 5
         assert all(r["loss"] > 0 for r in rows)
         assert rows[0]["drift"] == pytest.approx(0.0, abs=1e-6)  # the first turn sits on the exact prefix
@@ -139,7 +139,7 @@ def test_sequential_method_splices_one_segment_per_message(evaluation):
     assert [r["role"] for r in rows] == [m.role for m in evaluation.transcript.messages[first:last]]
     group = get_method("vkv", per_turn=True, recipe=VkvRecipe(FAST)).compress(evaluation.work, 3.0)
     assert isinstance(group, SegmentGroup) and len(group) == 5
-    assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.entries
+    assert evaluation.splice(group).span_entries(evaluation.start, evaluation.end) == group.real_entries
 
 
 def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_its_loss(evaluation):

@@ -235,7 +235,7 @@ class Session:
         return cache_rows(self.cache)
 
     @property
-    def entries(self) -> int:
+    def slots(self) -> int:
         """Slots per KV head the segments hold (head-wise budgets: more than any head reaches)."""
         return self.cache.physical_length
 

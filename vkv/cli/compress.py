@@ -129,7 +129,7 @@ def _virtual_summary(virtual) -> dict:
     return {
         "span_tokens": virtual.original_tokens,
         "entries_per_head": round(virtual.real_entries, 2),  # what the ratio counts
-        "slots_per_head": virtual.entries,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
+        "slots_per_head": virtual.slots,  # what the segment holds (head-wise budgets pad the heads that keep fewer)
         "ratio_achieved": round(virtual.ratio, 4),
         "initial_loss": virtual.stats.get("initial_loss"),  # none where no virtual token was tuned
         "best_loss": virtual.stats.get("best_loss"),

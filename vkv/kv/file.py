@@ -109,7 +109,7 @@ def save_cache(
         check_rebuildable(cache.segments, ids, path)
     tensors: dict[str, torch.Tensor] = {}
     for i, seg in enumerate(cache.segments):
-        flat = store == "kv" and seg.real_entries != seg.entries and _every_head_reaches(torch.isfinite(seg.bias))
+        flat = store == "kv" and seg.real_entries != seg.slots and _every_head_reaches(torch.isfinite(seg.bias))
         if flat:
             tensors.update(_flat(seg, i))
         elif store == "kv":

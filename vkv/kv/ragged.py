@@ -260,7 +260,7 @@ class RaggedCache(Cache):
         layout caches had before, kept as a reference to measure against."""
         layers, kv_heads, head_dim = shape
         for i, s in enumerate(segments):
-            if tuple(s.keys.shape) != (layers, kv_heads, s.entries, head_dim):
+            if tuple(s.keys.shape) != (layers, kv_heads, s.slots, head_dim):
                 raise VkvError(
                     f"field segments[{i}].keys: shape {tuple(s.keys.shape)} is not [layers, kv_heads, entries, "
                     f"head_dim] for a model with {layers} layers, {kv_heads} KV heads of size {head_dim}"

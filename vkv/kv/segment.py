@@ -47,8 +47,9 @@ class Segment:
     separable: SeparableBias | None = None  # `bias` again as per-entry and per-head numbers, when it is that sum
 
     @property
-    def entries(self) -> int:
-        """Slots per layer and KV head, padding included: what a padded cache stores (the name cache files use)."""
+    def slots(self) -> int:
+        """Slots per layer and KV head, padding included: what a padded cache stores (cache files name them
+        `entries`)."""
         return self.keys.shape[2]
 
     @property
@@ -56,7 +57,7 @@ class Segment:
         """Entries per KV head: the slots that are not padding, averaged over layers and KV heads (head-wise budgets
         pad the heads that keep fewer). The ratio counts these."""
         if self.bias is None or bool(torch.isfinite(self.bias).all()):
-            return self.entries
+            return self.slots
         return float(torch.isfinite(self.bias).sum()) / (self.bias.shape[0] * self.bias.shape[1])
 
     @property
@@ -75,7 +76,7 @@ class Segment:
     def compressed(self) -> bool:
         """Whether the segment stands for its tokens by other entries or by fewer of them (an eviction keeps a subset
         of a message's own tokens, as a segment of kind verbatim)."""
-        return self.kind != "verbatim" or self.entries < self.original_tokens
+        return self.kind != "verbatim" or self.slots < self.original_tokens
 
     @property
     def ratio(self) -> float:
@@ -92,8 +93,8 @@ class Segment:
         per KV head) and `reached` (the entries of all layers and KV heads together); `biased`: whether an entry carries
         a nonzero bias. A cache file's header records these, under these names, which is all the arithmetic of the
         decoding cache's memory needs (`vkv.kv.ragged.memory_plan`)."""
-        counts: dict[str, Any] = {"entries": self.entries}
-        if self.real_entries != self.entries:
+        counts: dict[str, Any] = {"entries": self.slots}  # the file's name for slots
+        if self.real_entries != self.slots:
             counts.update(real_entries=round(self.real_entries, 2), reached=int(torch.isfinite(self.bias).sum()))
         counts["biased"] = self.carries_bias
         return counts
@@ -115,7 +116,7 @@ class Segment:
             self.positions.float()[order],
             real=torch.arange(slots) < counts[..., None],
             bias=self.bias.float().gather(2, order),
-            stats={**self.stats, "compacted_from": self.entries},
+            stats={**self.stats, "compacted_from": self.slots},
         )
 
     def row(self) -> dict[str, Any]:
@@ -180,7 +181,7 @@ def interleaved(own: Segment, virtual: Segment) -> tuple[Segment, torch.Tensor]:
         virtual.stats,
         joined(own.bias, virtual.bias),
     )
-    return segment, (order < own.entries).nonzero()[:, 0]
+    return segment, (order < own.slots).nonzero()[:, 0]
 
 
 def verbatim_segment(kv: KVPrefix, start: int) -> Segment:
@@ -207,8 +208,8 @@ class SegmentGroup(list):
         self.stats: dict[str, Any] = stats or {}
 
     @property
-    def entries(self) -> float:
-        """Entries per KV head, summed over the segments: what the ratio counts."""
+    def real_entries(self) -> float:
+        """Entries per KV head, summed over the segments: what the ratio counts (each segment's `real_entries`)."""
         return sum(s.real_entries for s in self)
 
     @property

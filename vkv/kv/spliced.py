@@ -38,7 +38,7 @@ class SplicedCache:
 
     @property
     def physical_length(self) -> int:
-        return sum(s.entries for s in self.segments)
+        return sum(s.slots for s in self.segments)
 
     def kv(self) -> KVPrefix:
         """Per-layer concatenation of all segments, `[1, kv_heads, physical_length, head_dim]` each (empty
@@ -76,7 +76,7 @@ class SplicedCache:
         """Entries per KV head of the segments standing for original tokens inside [start, end), or with `padded`
         their slots, what a padded cache stores (head-wise budgets pad the heads that keep fewer)."""
         inside = [s for s in self.segments if start <= s.span[0] and s.span[1] <= end]
-        return sum(s.entries if padded else s.real_entries for s in inside)
+        return sum(s.slots if padded else s.real_entries for s in inside)
 
     def table(self) -> list[dict[str, Any]]:
         return [s.row() for s in self.segments]

@@ -69,7 +69,7 @@ def check_rebuildable(segments: list[Segment], ids: Sequence[int] | None, path) 
                     f"{where}: an embeddings-only file keeps a verbatim segment's token ids; pass the rendered ids "
                     f"covering its span {list(seg.span)}"
                 )
-            if seg.entries != seg.original_tokens or not torch.equal(
+            if seg.slots != seg.original_tokens or not torch.equal(
                 seg.positions.float(), torch.arange(*seg.span).float()
             ):
                 raise VkvError(
