@@ -130,7 +130,7 @@ def test_cli_compresses_with_attention_targets_and_records_them(mini_transcript_
         )
         == 0
     )
-    config = load_cache(out).meta["config"]
+    config = load_cache(out).meta["config"]["compress"]
     assert config["target"] == "v+attention" and config["attention_weight"] == 0.5
     assert (
         main(

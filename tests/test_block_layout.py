@@ -97,7 +97,7 @@ def test_cli_records_the_block_layout(mini_transcript_path, tmp_path, test_model
         )
         == 0
     )
-    config = load_cache(out).meta["config"]
+    config = load_cache(out).meta["config"]["compress"]
     assert (config["boundaries"], config["mass_floor"], config["positions"]) == ("surprisal", 0.5, "centres")
     refused = tmp_path / "refused.safetensors"
     assert (

@@ -88,7 +88,7 @@ def test_compress_refuses_what_a_method_does_not_have(mini_transcript_path_modul
     for flags in (
         ["--method", "kvzip", "--steps", "5"],
         ["--method", "kvopt", "--distill-probes", "summary"],  # kvopt's stage has distill_steps, not the probe choice
-        ["--method", "meanpool", "--per-turn"],
+        ["--method", "reuse", "--per-turn"],
         ["--method", "snapkv", "--store", "embeddings"],
         ["--method", "knorm", "--bias", "nnls"],
         ["--method", "longcodezip"],

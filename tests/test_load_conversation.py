@@ -137,4 +137,4 @@ def test_a_session_compresses_by_attention_matching_unless_told(tiny_llama, tmp_
     by_name = named.compress((1, 3), 4.0, method=vkv.get_method("knorm"))
     assert [torch.equal(a.keys, b.keys) for a, b in zip(by_default, by_name)] == [True, True]
     session.save(tmp_path / "s.safetensors")
-    assert vkv.Session.load(tmp_path / "s.safetensors", tiny_llama).method == "knorm"
+    assert vkv.Session.load(tmp_path / "s.safetensors", tiny_llama).method.name == "knorm"

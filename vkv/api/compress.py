@@ -23,7 +23,6 @@ import torch
 from vkv import upgrade
 from vkv.api.session import is_turn_range
 from vkv.compress.budget import DEFAULT_METHOD, span_budget
-from vkv.compress.config import CompressConfig
 from vkv.compress.sequential import VkvRecipe
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
@@ -128,8 +127,7 @@ def frozen(model, tokenizer) -> FrozenLM:
 
 def _kv_method(name: str, options: dict[str, Any]):
     """The registered KV method `name` with `options`, refusing text methods, vkv's earlier mode methods and switches
-    (naming today's options) and options it does not have. vkv's `recipe` may be its virtual tokens' CompressConfig
-    alone, the rest of its recipe at the defaults."""
+    (naming today's options) and options it does not have."""
     renamed = upgrade.renamed_method(name)
     if renamed:
         raise VkvError(renamed)
@@ -153,6 +151,4 @@ def _kv_method(name: str, options: dict[str, Any]):
             f"method '{name}' has no option {', '.join(unknown)}; its options are "
             f"{', '.join(cls.option_names()) or 'none'}"
         )
-    if cls.recipe_class is VkvRecipe and isinstance(options.get("recipe"), CompressConfig):
-        options["recipe"] = VkvRecipe(compress=options["recipe"])
     return get_method(name, **options)

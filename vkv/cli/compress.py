@@ -99,8 +99,8 @@ def cmd_compress(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     rows = report_rows(read_header(command.out))
     console.print(report_table(rows))
-    virtual = [s for s in spliced.segments if s.kind == "virtual" and "steps" in s.stats]
-    summary = _virtual_summary(virtual[0]) if len(virtual) == 1 and not per_turn else {}
+    whole = cls.recipe_class is VkvRecipe and not (per_turn or method.chooses_ratio)  # one segment of virtual tokens
+    summary = _virtual_summary(next(s for s in spliced.segments if s.kind != "verbatim")) if whole else {}
     if summary:
         console.print(key_value_table("virtual tokens", summary))
     print_seconds(seconds, loading)

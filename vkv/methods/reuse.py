@@ -19,7 +19,6 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import VkvRecipe
 from vkv.compress.turn import message_turns
 from vkv.compress.work import SpanWork, TurnWork
 from vkv.errors import VkvError
@@ -90,8 +89,7 @@ class Reuse(Method):
     def _method(self) -> Method:
         from vkv.methods import get_method  # cycle: the registry imports this module
 
-        recipe = self._recipe()
-        return get_method(self.method, recipe=VkvRecipe(compress=recipe)) if recipe else get_method(self.method)
+        return get_method(self.method, recipe=self._recipe())
 
     def _recipe(self) -> CompressConfig | None:
         """The recipe a virtual-token `method` runs (None for any other method)."""

@@ -5,6 +5,7 @@ beside the virtual tokens (per-head, shared or none) and `auto_ratio` lets each 
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import hybrid_segment
 from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
@@ -26,7 +27,12 @@ class VirtualTokens(PerTurnMethod):
     name = "vkv"
     reports_steps = True
     recipe_class: ClassVar[type] = VkvRecipe
-    recipe: VkvRecipe | None = None  # None: the defaults
+    recipe: VkvRecipe | CompressConfig | None = None  # None: the defaults; a CompressConfig: its virtual tokens'
+
+    def __post_init__(self) -> None:
+        if isinstance(self.recipe, CompressConfig):  # the virtual tokens' recipe alone, the rest at the defaults
+            self.recipe = VkvRecipe(compress=self.recipe)
+        super().__post_init__()
 
     def settings(self) -> VkvRecipe:
         """The recipe resolved once (`VkvRecipe.validate`): what runs below this method is not validated again."""
