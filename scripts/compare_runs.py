@@ -13,21 +13,26 @@ import json
 import sys
 from pathlib import Path
 
+from vkv.upgrade import grid_point
+
+NOT_OPTIONS = {"model", "quant", "transcript", "method", "ratio", "seed", "window", "window_turns", "span", "max_windows"}
+
 
 def finished_runs(directory: str) -> dict[tuple, tuple[dict, str]]:
-    """(window, method, requested ratio, the method's own options) → (result, git revision) for every finished run in
-    the directory. The options are the grid point's method table (e.g. am.per_turn), which refactors keep as they
-    are; the resolved config is not part of the key, since a refactor may spell it differently."""
+    """(window, method, requested ratio, the grid point's settings) → (result, git revision) for every finished run in
+    the directory. The settings are the grid point's as the file gave them (a method's table, e.g. am.per_turn, and
+    recipe keys), read in today's spelling (`vkv.upgrade.grid_point`: vkv's earlier mode methods as vkv's options);
+    the resolved config is not part of the key, since a refactor may spell it differently."""
     out = {}
     for path in sorted(Path(directory).glob("results*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
             if isinstance(row.get("result"), dict):
-                method = row["result"]["method"]
-                options = tuple(
-                    sorted((k, str(v)) for k, v in row.get("run", {}).items() if k.startswith(method + "."))
-                )
-                key = (row["identity"]["unit"], method, row["result"]["ratio_requested"], options)
+                point = grid_point(row.get("run", {}))
+                given = {k: v for k, v in point.items() if k not in NOT_OPTIONS}
+                given = {k: v for k, v in given.items() if not (k.endswith(".per_turn") and v is False)}  # default
+                options = tuple(sorted((k, str(v)) for k, v in given.items()))
+                key = (row["identity"]["unit"], point["method"], row["result"]["ratio_requested"], options)
                 out[key] = (row["result"], row.get("git", {}).get("revision", "?")[:7])
     return out
 
