@@ -15,7 +15,18 @@ from pathlib import Path
 
 from vkv.upgrade import grid_point
 
-NOT_OPTIONS = {"model", "quant", "transcript", "method", "ratio", "seed", "window", "window_turns", "span", "max_windows"}
+NOT_OPTIONS = {
+    "model",
+    "quant",
+    "transcript",
+    "method",
+    "ratio",
+    "seed",
+    "window",
+    "window_turns",
+    "span",
+    "max_windows",
+}
 
 
 def finished_runs(directory: str) -> dict[tuple, tuple[dict, str]]:

@@ -3,7 +3,8 @@ of running them again after a change of how a method's settings are spelled (not
 
 Each run's recorded grid point is read in today's spelling by vkv.upgrade.grid_point (`head_share` → `head_budget`,
 `all` → `shared`; `sequential.targets` → `target_source`; a sequential hybrid or auto-ratio table → its switch and
-settings), its method is rebuilt with today's code and its identity's config replaced by the method's config now; the
+settings; vkv's earlier mode methods `sequential` and `hybrid` → vkv with `per_turn` or the verbatim mode `shared`),
+and its recorded config by vkv.upgrade.method_config; its method is rebuilt with today's code and its identity's config replaced by the method's config now; the
 id is the hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a
 setting it recorded has another value today (a changed default changes what the run would do), or when a setting
 added since resolves to anything but its declared default (a default that depends on the rest of the recipe, such as
@@ -26,7 +27,7 @@ from vkv.io import write_text_atomic
 from vkv.methods import METHODS
 from vkv.sweep.grid import build_method
 from vkv.sweep.plan import identity_hash
-from vkv.upgrade import grid_point
+from vkv.upgrade import grid_point, method_config
 
 
 def remapped(record: dict) -> dict:
@@ -34,7 +35,8 @@ def remapped(record: dict) -> dict:
     point = grid_point(record["run"])
     identity = {**record["identity"], "config": build_method(point).config()}
     identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
-    before, now = _flat(grid_point(record["identity"]["config"])), _flat(identity["config"])
+    _, recorded = method_config(record["run"]["method"], record["identity"]["config"])
+    before, now = _flat(grid_point(recorded)), _flat(identity["config"])
     changed = sorted(k for k in before if k not in now or now[k] != before[k])
     if changed:
         raise VkvError(

@@ -96,7 +96,9 @@ def test_each_head_keeps_ams_fitted_entries_and_virtual_tokens_fill_its_budget(e
     own_total = assert_holds_fit(segment, compaction, keys)
     assert own_total == pytest.approx(layers * heads * HeadSplit.of(budget, 0.5).verbatim, abs=layers * heads)
     result = evaluation.evaluate(get_method("vkv", recipe=recipe), 3.0)
-    assert result["config"]["compress"]["verbatim_source"] == "am" and result["compressed_entries"] == pytest.approx(budget)
+    assert result["config"]["compress"]["verbatim_source"] == "am" and result["compressed_entries"] == pytest.approx(
+        budget
+    )
 
 
 AM_SOURCE = CompressConfig(

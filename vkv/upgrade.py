@@ -142,7 +142,11 @@ def method_config(name: str, config: dict[str, Any]) -> tuple[str, dict[str, Any
     if name == "hybrid":  # its recipe's settings beside its `verbatim` option, the shared part's settings
         recipe_only = {k: v for k, v in config.items() if k != "verbatim"}
         config = {"compress": recipe_only, "shared": config.get("verbatim") or {}, "verbatim": "shared"}
-    return ("meanpool" if name == "meanpool" else "vkv"), {**vkv_recipe(config), "per_turn": per_turn}
+    recipe_dict = vkv_recipe(config)
+    if not isinstance(recipe_dict.get("verbatim"), str):  # recorded before the mode was a field: what the share did
+        share = recipe_dict["compress"].get("verbatim_share")
+        recipe_dict["verbatim"] = "per-head" if share else "none"
+    return ("meanpool" if name == "meanpool" else "vkv"), {**recipe_dict, "per_turn": per_turn}
 
 
 RENAMED_SWEEP_KEYS = {  # experiment-file keys earlier versions read, and what says the same today
