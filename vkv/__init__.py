@@ -17,7 +17,7 @@ from importlib import import_module
 from inspect import getdoc, signature
 from types import ModuleType
 
-__version__ = "0.1.0"
+from vkv.version import __version__
 
 
 class _CallablePackage(ModuleType):

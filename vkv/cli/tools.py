@@ -17,6 +17,7 @@ from vkv.tools.bench_optimizer import BenchConfig, run_bench
 from vkv.tools.bench_scaling import ScalingBenchConfig, run_bench_scaling
 from vkv.tools.doctor import check
 from vkv.tools.memory import PlanConfig, run_plan
+from vkv.tools.method_memory import run_method_plans
 
 
 @dataclass
@@ -49,7 +50,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    return run_plan(from_args(PlanConfig, args))
+    config = from_args(PlanConfig, args)
+    return run_plan(config) if config.method is None else run_method_plans(config)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

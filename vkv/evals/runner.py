@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from vkv import __version__
 from vkv.errors import VkvError
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
 from vkv.evals.validate import leaks
@@ -31,6 +30,7 @@ from vkv.methods import Method, SpanWork
 from vkv.methods.base import TextMethod
 from vkv.settings import setting
 from vkv.text.transcript import Question, Transcript, continuation_ids, followup, render
+from vkv.version import __version__
 
 
 @dataclass

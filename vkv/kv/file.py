@@ -14,7 +14,6 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from vkv import __version__
 from vkv.errors import VkvError
 from vkv.io import atomic_path
 from vkv.kv.check import STORES, check_cache, check_digest, digest
@@ -22,6 +21,7 @@ from vkv.kv.segment import KINDS, Segment, SeparableBias, mass_bias
 from vkv.kv.sign import TRUST_HOW, sign, unsigned_reason
 from vkv.kv.spliced import SplicedCache
 from vkv.kv.stored import StoredCache, StoredSegment, check_rebuildable
+from vkv.version import __version__
 
 # 6: signed with the writer's key (`key_id`, `signature`, vkv.kv.sign); 5: the digest is required; 4: a separable
 # bias as per-entry and per-head numbers and a bit mask (the digest from late in its life); 3: padded segments stored

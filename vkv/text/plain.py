@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vkv.errors import VkvError
-
-if TYPE_CHECKING:
-    from vkv.text.transcript import ChatFormat
-
 
 _MARK = re.compile(r"vkvplain(\d{6})q")
 
@@ -70,10 +66,10 @@ def _mark_plain(chats: list[dict[str, Any]], controls: tuple[str, ...]) -> tuple
 
 
 def plain_ranges(
-    fmt: ChatFormat, chats: list[dict[str, Any]], text: str, where: str, add_generation_prompt: bool = False
+    fmt: Any, chats: list[dict[str, Any]], text: str, where: str, add_generation_prompt: bool = False
 ) -> list[tuple[int, int]]:
-    """Character ranges of `text` (the template's rendering of `chats`) that hold a message's own control-token
-    text; empty when no message string holds any (the common case, found without rendering again)."""
+    """Character ranges of `text` (the template's rendering of `chats` by `fmt`, the tokenizer's ChatFormat) that
+    hold a message's own control-token text; empty when no message string holds any (the common case, found without rendering again)."""
     controls = control_strings(fmt.tokenizer)
     if not controls:
         return []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -349,17 +350,24 @@ class PlanConfig:
     json: str | None = setting(None, "also write the plan here")
 
 
-def run_plan(config: PlanConfig) -> int:
-    """Print the plan of `config` and of the worst span in its window; 1 when the plan does not fit."""
+def plan_inputs(config: PlanConfig) -> tuple[Console, Any]:
+    """The console a plan prints on and the model's config, `config` checked: refused for a window beyond the model's
+    positions (a plan for a window the model cannot attend over answers nothing)."""
     check_ranges(config)
-    console = Console(width=None if sys.stdout.isatty() else 120)
     model_config = load_config(config.model)
     positions = getattr(model_config, "max_position_embeddings", None)
-    if positions and config.window > positions:  # a plan for a window the model cannot attend over answers nothing
+    if positions and config.window > positions:
         raise VkvError(
             f"--window {config.window}: beyond the {positions} positions of {config.model}; plan a window of at most "
             f"{positions} tokens"
         )
+    return Console(width=None if sys.stdout.isatty() else 120), model_config
+
+
+def run_plan(config: PlanConfig) -> int:
+    """Print the plan of `config` (virtual tokens) and of the worst span in its window; 1 when the plan does not fit
+    (`vkv plan --method` is vkv.tools.method_memory's)."""
+    console, model_config = plan_inputs(config)
     common = dict(
         quant=config.quant,
         ratio=config.ratio,
@@ -369,10 +377,6 @@ def run_plan(config: PlanConfig) -> int:
         name=config.model,
         precision=config.precision,
     )
-    if config.method is not None:
-        from vkv.tools.method_memory import run_method_plans  # it builds on this module's plan
-
-        return run_method_plans(config, model_config, console)
     p = plan(model_config, window=config.window, span=config.span, **common)
     console.print(plan_table(p))
     worst = worst_span(model_config, window=config.window, **common)

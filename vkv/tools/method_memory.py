@@ -27,10 +27,8 @@ a head at `head_cap` of the span for am's normal equations, the mean budget else
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 
-from rich.console import Console
 from rich.table import Table
 
 from vkv.compress.budget import DEFAULT_RATIO, entries_at
@@ -54,6 +52,7 @@ from vkv.tools.memory import (
     PlanConfig,
     Shapes,
     plan,
+    plan_inputs,
     saved_elements_per_layer,
     weight_bytes,
 )
@@ -376,10 +375,10 @@ def stage_table(p: MethodPlan) -> Table:
     return table
 
 
-def run_method_plans(config: PlanConfig, model_config, console: Console | None = None) -> int:
+def run_method_plans(config: PlanConfig) -> int:
     """`vkv plan --method`: each method's planned peak at `config.window` (the whole window compressed); 1 when
     any does not fit `config.memory` GiB."""
-    console = console or Console(width=None if sys.stdout.isatty() else 120)
+    console, model_config = plan_inputs(config)
     methods = METHODS if config.method == "all" else (config.method,)
     plans = [
         plan_method(
