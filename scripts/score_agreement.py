@@ -110,13 +110,13 @@ def main() -> int:
     rows = agreement(args.scores, args.benchmark)
     rho = compare(rows)
     print(
-        "| method | ratio | retention [95 %] (rank) | score kept (rank) | score KL (rank of −KL) | compress s per session |"
+        "| method | ratio | sessions · questions | retention [95 %] (rank) | score kept (rank) | score KL (rank of −KL) | compress s per session |"
     )
-    print("|---|---:|---|---|---|---:|")
+    print("|---|---:|---:|---|---|---|---:|")
     for r in rows:
         low, high = r["retention_ci"]
         print(
-            f"| {r['method']} | {r['ratio']:g}× | {r['retention']:.3f} [{low:.3f}, {high:.3f}] ({r['rank_retention']:g})"
+            f"| {r['method']} | {r['ratio']:g}× | {r['sessions']} · {r['questions']} | {r['retention']:.3f} [{low:.3f}, {high:.3f}] ({r['rank_retention']:g})"
             f" | {r['kept']:.3f} ({r['rank_kept']:g}) | {r['kl']:.4f} ({r['rank_kl']:g}) | {r['seconds']:.0f} |"
         )
     shown = {k: "— (a constant side)" if v is None else f"{v:.3f}" for k, v in rho.items()}
