@@ -105,7 +105,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scores", nargs="+", help="`vkv score --json` outputs")
     parser.add_argument("--benchmark", default="evals/benchmark-long", help="the sweep folder with the retention runs")
-    parser.add_argument("--json", help="also write the rows and correlations here")
     args = parser.parse_args()
     rows = agreement(args.scores, args.benchmark)
     rho = compare(rows)
@@ -131,8 +130,6 @@ def main() -> int:
             if r["rank_retention"] != r[f"rank_{name}"]
         )
         print(f"ranks that differ, retention vs {name}, most first: {shown or 'none'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "spearman": rho}, indent=1) + "\n")
     return 0
 
 
