@@ -3,7 +3,7 @@ the mean held-out `kept` and `kl` over their sessions beside the question-based 
 the same method (the same recorded config) and ratio on the same sessions, pooled as `vkv report` pools it; then the
 Spearman rank correlation over the cells, and the cells whose ranks differ.
 
-    python scripts/score_agreement.py evals/score-agreement/*.json --benchmark evals/benchmark-long
+    python scripts/score_agreement.py evals/score-agreement/*.json --benchmark evals/benchmark-long > evals/score-agreement/agreement.md
 
 The references (full, none) are left out of the correlation: both sides give them 1 and 0 by definition.
 """
