@@ -67,9 +67,10 @@ def test_dictionaries_json_and_run_ids_are_those_of_the_plain_names(tmp_path):
     )
     points = expand(load_experiment(path))
     budgets = {p["method"]: sweep_method(p).config() for p in points}
-    assert budgets["vkv"]["head_budget"] is HeadBudget.UNIFORM
+    assert budgets["vkv"]["compress"]["head_budget"] is HeadBudget.UNIFORM  # vkv's recipe holds it
     runs = plan(load_experiment(path), "cpu")
-    assert {r.identity["config"]["head_budget"] for r in runs} == {"global", "shared", "uniform"}
+    budget = [r.identity["config"].get("head_budget") or r.identity["config"]["compress"]["head_budget"] for r in runs]
+    assert set(budget) == {"global", "shared", "uniform"}
     for run in runs:
         assert run.id == identity_hash(plain(run.identity))
 

@@ -210,7 +210,13 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: Segment, share: VerbatimSha
     bias = None if virtual.bias is None else torch.zeros(*keys.shape[:3])
     positions = (kept + acts.start).float()
     own = Segment(
-        "verbatim", virtual.span, keys, values, positions, kept_embeddings.reshape(len(kept_ids), -1), bias=bias
+        "verbatim",
+        virtual.span,
+        keys,
+        values,
+        positions,
+        kept_embeddings.reshape(len(kept_ids), kept_embeddings.shape[-1]),
+        bias=bias,
     )
     segment, own_slots = interleaved(own, dataclasses.replace(virtual, separable=None))
     segment.stats.update(
