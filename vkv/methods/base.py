@@ -7,14 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from vkv.compress.budget import allocate
-from vkv.compress.sequential import compress_turns
 from vkv.compress.turn import Turn
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
-from vkv.methods.turns import compress_per_turn, turn_compressor
+from vkv.methods.turns import compress_messages, compress_per_turn
 from vkv.methods.work import TextWork
 from vkv.settings import check_value, flat_settings, setting
 
@@ -97,9 +95,8 @@ class BudgetMethod(Method):
         """`turns` compressed one message at a time on the running `cache` (which ends where the first starts), the
         `budget` shared over them in proportion to their lengths: what `Session.compress` runs."""
         self.check()
-        compress_turn = turn_compressor(lm, ids, message_starts, message_roles, seed, self.compress_to)
-        budgets = allocate([t.length for t in turns], budget)
-        return compress_turns(lm, ids, turns, cache, budgets, compress_turn, True, on_turn)
+        starts, roles = message_starts, message_roles
+        return compress_messages(lm, ids, turns, cache, budget, starts, roles, seed, self.compress_to, on_turn)
 
 
 @dataclass

@@ -22,10 +22,31 @@ def compress_per_turn(work: SpanWork, budget: int, compress_to: Callable[[SpanWo
     """`compress_to(turn_work, entries)` for each message in order, each on the cache the earlier ones left; the
     messages share `budget` entries."""
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-    compress_turn = turn_compressor(work.lm, work.ids, work.message_starts, work.message_roles, work.seed, compress_to)
-    budgets = allocate([t.length for t in turns], budget)
-    segments = compress_turns(work.lm, work.ids, turns, work.prefix_cache(), budgets, compress_turn, queries=True)
+    starts, roles = work.message_starts, work.message_roles
+    segments = compress_messages(
+        work.lm, work.ids, turns, work.prefix_cache(), budget, starts, roles, work.seed, compress_to
+    )
     return SegmentGroup(segments, {"per_turn": True, "turns": len(segments)})
+
+
+def compress_messages(
+    lm: FrozenLM,
+    ids: list[int],
+    turns: list[Turn],
+    cache: SplicedCache,
+    budget: int,
+    message_starts: list[int],
+    message_roles: list[str],
+    seed: int,
+    compress_to: Callable[[SpanWork, int], Segment],
+    on_turn: Callable[[Turn, Segment], None] | None = None,
+) -> list[Segment]:
+    """`compress_to(turn_work, entries)` for each of `turns` in order on the running `cache` (which ends where the
+    first starts), the turns sharing `budget` entries in proportion to their lengths: the per-turn eval's and a
+    Session's one loop."""
+    compress_turn = turn_compressor(lm, ids, message_starts, message_roles, seed, compress_to)
+    budgets = allocate([t.length for t in turns], budget)
+    return compress_turns(lm, ids, turns, cache, budgets, compress_turn, True, on_turn)
 
 
 def turn_compressor(
