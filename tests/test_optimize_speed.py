@@ -1,6 +1,7 @@
 """The fast optimiser against the straightforward computation: same loss and gradients, batching, the
 least-squares start, the memory plan against measurement, and the benchmark's logic on a tiny model."""
 
+import ctypes
 import math
 from dataclasses import replace
 
@@ -25,6 +26,8 @@ TEXT = (
     "The project hashes passwords with bcryptjs. Tests use the built-in node:test runner. "
     "The default JWT secret is dev-secret and finished tasks have the status done. Deploys go out on Fridays."
 )
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 
 
 def make_problem(lm, start, end, ratio=3.0, kind="v", text=TEXT):
@@ -243,11 +246,17 @@ def test_plan_estimate_is_within_a_factor_of_measured_memory(quant, smol, smol8,
         assert 0.85 < (estimate.activations / 2**20) / saved < 1.15, (estimate.activations / 2**20, saved)
     if quant == "8bit":
         return  # bitsandbytes' CPU path dequantises every weight per call; RSS then tracks glibc's arenas, not the plan
+    # glibc otherwise raises its mmap threshold after the first large free and keeps later tensors' freed heap
+    # resident, so peak RSS would measure its fragmentation (about twice the live bytes) rather than the plan
+    ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
     optimise(lm, *span.problem, OptimConfig(steps=1, precision="fp32"))  # one-time allocations (thread pools)
-    with working_memory(lm.device) as mem:
-        optimise(lm, *span.problem, OptimConfig(steps=3, precision="fp32"))
-    if mem["mb"] is None:
-        pytest.skip("peak RSS cannot be reset on this platform")
+    peaks = []
+    for _ in range(3):  # RSS only gains from outside noise (other code's pages faulted in): the least of 3 is it
+        with working_memory(lm.device) as mem:
+            optimise(lm, *span.problem, OptimConfig(steps=3, precision="fp32"))
+        if mem["mb"] is None:
+            pytest.skip("peak RSS cannot be reset on this platform")
+        peaks.append(mem["mb"])
     factor = 2.0
-    ratio = (estimate.optimisation_working / 2**20) / max(mem["mb"], 1.0)
-    assert 1 / factor < ratio < factor, (estimate.optimisation_working / 2**20, mem["mb"])
+    ratio = (estimate.optimisation_working / 2**20) / max(min(peaks), 1.0)
+    assert 1 / factor < ratio < factor, (estimate.optimisation_working / 2**20, peaks)
