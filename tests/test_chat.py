@@ -51,7 +51,7 @@ def test_chat_continues_a_compressed_transcripts_cache(smol, tmp_path, monkeypat
     )
     assert code == 0 and len(out) == 2 and all(line.strip() for line in out)
     code, _, err = _chat(monkeypatch, capsys, ["hi"], tmp_path / "c.safetensors", "--compress-every", "2")
-    assert code == 2 and "--compress-every needs a cache with one segment per message" in err.replace("\n", " ")
+    assert code == 2 and "--compress-every needs a cache of whole messages" in err.replace("\n", " ")
 
 
 @pytest.mark.integration

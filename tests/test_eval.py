@@ -346,7 +346,7 @@ def test_window_attention_runs_only_the_window_and_equals_the_full_forward(evalu
 
 def test_eval_per_turn_refuses_a_method_without_that_mode(mini_transcript_path, capsys):
     assert main(["eval", str(mini_transcript_path), "--model", "smollm2-135m", "--method", "reuse", "--per-turn"]) == 2
-    assert "method 'reuse' has no per-turn mode" in capsys.readouterr().err
+    assert "method 'reuse' has no such mode" in capsys.readouterr().err
 
 
 def test_pooled_rows_give_the_memory_ratio_of_the_pooled_bytes(evaluation):

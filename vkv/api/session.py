@@ -70,6 +70,7 @@ class Session:
         self.ids: list[int] = []
         self.text = ""
         self.cache = SplicedCache()
+        self.continued = False  # holds a compressed transcript's cache (`continuing`), not its own compressions
 
     # ---- growing the conversation -------------------------------------------------------------------
     def append(self, message: Message | dict) -> Turn:
@@ -134,18 +135,35 @@ class Session:
                 f"renders to {len(session.ids)} tokens"
             )
         session.cache = SplicedCache(cache.segments, cache.next_position)
+        session.continued = True
         return session
 
     @property
-    def per_message(self) -> bool:
-        """Whether the cache holds one segment per message (what compress() and save() need)."""
-        return len(self.cache.segments) == len(self.turns)
+    def by_messages(self) -> bool:
+        """Whether each segment stands for whole messages (one, or a chunk of them) and the session holds its own
+        compressions, not a compressed transcript's cache (what compress() and save() need)."""
+        return not self.continued and self.segment_messages() is not None
 
-    def _require_per_message(self, what: str) -> None:
-        if not self.per_message:
+    def segment_messages(self) -> list[tuple[int, int]] | None:
+        """The messages [first, last) each segment stands for; None when a segment does not begin and end on
+        message boundaries."""
+        first = {t.start: t.first for t in self.turns}
+        last = {t.end: t.last for t in self.turns}
+        spans = [s.span for s in self.cache.segments]
+        if any(a not in first or b not in last for a, b in spans):
+            return None
+        return [(first[a], last[b]) for a, b in spans]
+
+    def compressed_through(self) -> int:
+        """The message after the last compressed one (0 when none is): compression goes on from there."""
+        covered = zip(self.cache.segments, self.segment_messages() or [])
+        return max([0] + [last for segment, (_, last) in covered if segment.compressed])
+
+    def _require_by_messages(self, what: str) -> None:
+        if not self.by_messages:
             raise VkvError(
-                f"this session continues a compressed transcript's cache, not one segment per message, so it cannot "
-                f"{what}; start from the transcript instead"
+                f"this session continues a compressed transcript's cache, not segments of whole messages, so it "
+                f"cannot {what}; start from the transcript instead"
             )
 
     # ---- compressing ----------------------------------------------------------------------------------
@@ -162,14 +180,15 @@ class Session:
         KV method with a budget, by name or built (`"kvzip"`, `vkv.get_method("snapkv", head_budget="uniform")`, …),
         each message compressed on the running cache as the method's per-turn mode does it. `on_turn(turn, segment)`
         is called after each message (a progress count)."""
-        self._require_per_message("compress again")
+        self._require_by_messages("compress again")
         first, last = self._range(turns)
         method = self.method if method is None else session_method(method)
         if ratio is not None and method.chooses_ratio:
             raise VkvError("this session's method chooses ratios per turn (auto-ratio), so compress() takes no ratio")
         span = self.turns[first:last]
         budget = None if method.chooses_ratio else span_budget(span[-1].end - span[0].start, ratio or DEFAULT_RATIO)
-        cache = SplicedCache(self.cache.segments[:first], span[0].start)  # the session changes only on success
+        kept = [s for s in self.cache.segments if s.span[1] <= span[0].start]
+        cache = SplicedCache(kept, span[0].start)  # the session changes only on success
         starts, roles = [t.start for t in self.turns], [m.role for m in self.messages]
         segments = method.compress_messages(self.lm, self.ids, span, cache, budget, starts, roles, self.seed, on_turn)
         append_verbatim(self.lm, cache, self.ids, self.turns[last:])
@@ -179,16 +198,15 @@ class Session:
     def _range(self, turns: tuple[int, int] | None) -> tuple[int, int]:
         if turns is not None and not is_turn_range(turns):
             raise VkvError(f"field turns: expected (first, last), two message indices, got {turns!r}")
-        compressed = [i for i, s in enumerate(self.cache.segments) if s.compressed]
+        through = self.compressed_through()
         if turns is None:
             system = 1 if self.messages and self.messages[0].role == "system" else 0
-            turns = (max([system] + [i + 1 for i in compressed]), len(self.turns))
+            turns = (max(system, through), len(self.turns))
         first, last = turns
         if not 0 <= first < last <= len(self.turns):
             raise VkvError(f"turns {first}-{last - 1} are empty or outside the session's {len(self.turns)} messages")
-        later = [i for i in compressed if i >= first]
-        if later:
-            raise VkvError(f"message {later[0]} is already compressed; compress only messages after it")
+        if first < through:
+            raise VkvError(f"message {through - 1} is already compressed; compress only messages after it")
         return first, last
 
     # ---- using the context ---------------------------------------------------------------------------
@@ -252,7 +270,7 @@ class Session:
 
     # ---- files ------------------------------------------------------------------------------------------
     def save(self, path: str | Path) -> None:
-        self._require_per_message("be saved as a session")
+        self._require_by_messages("be saved as a session")
         if not Path(path).parent.is_dir():
             raise VkvError(f"{path}: the directory {Path(path).parent} does not exist")
         meta = cache_metadata(
@@ -289,10 +307,11 @@ class Session:
                 f"{path}: field session.ids_sha256: this model's chat template renders the saved "
                 "messages to other tokens than when the session was saved"
             )
-        spans = [tuple(s.span) for s in cache.segments]
-        if spans != [(t.start, t.end) for t in session.turns] or cache.next_position != len(session.ids):
-            raise VkvError(f"{path}: field segments: the segments do not match the session's messages one to one")
         session.cache = SplicedCache(cache.segments, cache.next_position)
+        bounds = [0] + [b for s in cache.segments for b in s.span] + [len(session.ids)]
+        tiled = bounds[::2] == bounds[1::2] and cache.next_position == len(session.ids)
+        if session.segment_messages() is None or not tiled:
+            raise VkvError(f"{path}: field segments: the segments do not stand for the session's messages in order")
         return session
 
 

@@ -101,9 +101,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         by_recipe = METHODS[config.method].recipe_class is VkvRecipe
         method = get_method(config.method, recipe=recipe) if by_recipe else get_method(config.method)
     session = open_session(args.source, lm, config.trust_foreign, method)
-    if config.compress_every and not session.per_message:
+    if config.compress_every and not session.by_messages:
         raise VkvError(
-            f"{args.source}: --compress-every needs a cache with one segment per message (a session or a transcript); "
+            f"{args.source}: --compress-every needs a cache of whole messages (a session or a transcript); "
             "this is a compressed transcript's cache"
         )
     interactive = sys.stdin.isatty()

@@ -67,8 +67,7 @@ class Chat:
     def new_messages(self) -> tuple[int, int]:
         """The messages a running compression takes: those after the ones the chat opened with and after the last
         compressed one, [first, last). Read from the session, so /undo (which restores it) needs no bookkeeping."""
-        compressed = [i for i, s in enumerate(self.session.cache.segments) if s.compressed]
-        return max([self.opened] + [i + 1 for i in compressed]), len(self.session.messages)
+        return max(self.opened, self.session.compressed_through()), len(self.session.messages)
 
     def compress_new(self) -> None:
         """Compress the new messages onto the running cache, with a count and time left on stderr; Ctrl-C leaves the
@@ -198,7 +197,7 @@ class Chat:
     def save(self, target: str) -> bool:
         if not target:
             console.print("usage: /save FILE")
-        elif not self.session.per_message:
+        elif not self.session.by_messages:
             console.print("this chat continues a compressed transcript's cache, which is not saved as a session")
         else:
             try:
@@ -213,7 +212,7 @@ class Chat:
 
     def offer_to_save(self) -> None:
         """On a terminal, with exchanges not saved yet: ask for a file to save them to (empty or Ctrl-D: don't)."""
-        if not (self.interactive and self.unsaved and self.session.per_message):
+        if not (self.interactive and self.unsaved and self.session.by_messages):
             return
         while True:
             target = self.read(f"{self.unsaved} exchange(s) not saved; save to FILE (Enter: leave without saving)> ")

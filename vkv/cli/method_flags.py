@@ -111,11 +111,14 @@ def given_options(args: argparse.Namespace, classes: list) -> dict[str, MethodOp
     """The method-option flags given, by flag key, each refused unless a method evaluated (or vkv's recipe) takes it."""
     names = [c.name for c in classes]
     recipe_keys = {s.key for s in flat_settings(VkvRecipe)} if any(c.recipe_class for c in classes) else set()
-    if getattr(args, "per_turn", None):  # a per-turn comparison must not silently mix in whole-span runs
-        lacking = [c.name for c in classes if c.uses_ratio and "per_turn" not in c.option_names()]
+    for loop in ("per_turn", "every", "cap"):  # a comparison of loops must not silently mix in whole-span runs
+        if not getattr(args, loop, None):
+            continue
+        lacking = [c.name for c in classes if c.uses_ratio and loop not in c.option_names()]
         if lacking:
-            per_turn = ", ".join(n for n, c in METHODS.items() if "per_turn" in c.option_names())
-            raise VkvError(f"--per-turn: method '{lacking[0]}' has no per-turn mode (methods with one: {per_turn})")
+            having = ", ".join(n for n, c in METHODS.items() if loop in c.option_names())
+            flag = "--" + loop.replace("_", "-")
+            raise VkvError(f"{flag}: method '{lacking[0]}' has no such mode (methods with one: {having})")
     given = {}
     for key, option in method_options().items():
         if getattr(args, key, None) is None:

@@ -21,16 +21,19 @@ from vkv.compress.compaction import (
     row_stats,
 )
 from vkv.compress.head_budget import HeadBudget, head_budget_setting
+from vkv.compress.history import HistoryWork
 from vkv.compress.on_policy import FitOptions, compact_on_policy
 from vkv.compress.reconstruction import chunk_setting, reconstruction_pass
 from vkv.compress.reference_queries import (
     cap_setting,
     reference_queries,
+    repeat_queries,
     source_setting,
     token_subset,
 )
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
+from vkv.kv.segment import Segment
 from vkv.progress import counted
 from vkv.settings import check_fields, setting
 from vkv.stages import stage
@@ -129,6 +132,40 @@ class AttentionMatchingFit:
                 work, keys, values, counts, picked, options, self.chunk, fixed, extra, lambda _: done()
             )
         return result.to("cpu"), queries.shape[2]
+
+    def refit_history(self, work: HistoryWork, entries: int) -> Segment:
+        """A running cache's history (entries compacted before, with their biases) fitted again to at most `entries`
+        per layer and KV head, each head keeping min(entries, what it holds): the same selection, β and values, on
+        reference queries from a read-out of the history's text on top of the cache before it and the history itself
+        (the repeat source), taken once for every layer (off-policy: the earlier layers are not refitted first)."""
+        if self.selection == "omp":
+            raise VkvError("am: OMP selection cannot refit entries that already carry biases; use rms or mean")
+        history, device = work.history, work.lm.device
+        layers, kv_heads, slots, dim = history.keys.shape
+        rows = layers * kv_heads
+        with stage("reference queries", device):
+            queries = repeat_queries(work, self.chunk, self.max_queries)  # [layers, kv_heads, m, D]
+        real = history.real.reshape(rows, slots).to(device)
+        readout = SpanReadout(
+            queries.reshape(rows, -1, dim),
+            *(t.reshape(rows, slots, dim).to(device) for t in (history.keys, history.values)),
+            history.bias.reshape(rows, slots).to(device),
+        )
+        with stage("statistics", device):
+            stats = row_stats(readout)
+        unheld = ~real  # padding slots draw no attention; they must not tie with entries that draw none either
+        stats.rms, stats.mean = stats.rms.masked_fill(unheld, -1.0), stats.mean.masked_fill(unheld, -1.0)
+        counts = real.sum(-1).clamp_max(entries)
+        options = (self.selection, self.bias, self.values, self.ridge, None, self.omp_step, stats)
+        with stage("fit", device):
+            result = compact_rows(readout, counts, *options).to("cpu")
+        shape = (layers, kv_heads, -1)
+        return history.keep(
+            result.index.reshape(shape),
+            result.real.reshape(shape),
+            result.values.reshape(layers, kv_heads, -1, dim),
+            result.bias.reshape(shape),
+        )
 
     @property
     def live(self) -> bool:

@@ -53,6 +53,8 @@ class SpanReadout:
     queries: torch.Tensor  # [R, m, D] post-RoPE, scaled by 1/sqrt(D)
     keys: torch.Tensor  # [R, n, D] post-RoPE, as cached
     values: torch.Tensor  # [R, n, D]
+    key_bias: torch.Tensor | None = None  # [R, n] biases the span's entries already carry (entries compacted before;
+    # −inf on padding), added to every query's logits; a fit's β then stands in for them
 
     @classmethod
     def per_head(cls, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> SpanReadout:
@@ -63,10 +65,12 @@ class SpanReadout:
 
     def rows(self, part: torch.Tensor | slice) -> SpanReadout:
         """The readout of rows `part` only."""
-        return SpanReadout(self.queries[part], self.keys[part], self.values[part])
+        bias = None if self.key_bias is None else self.key_bias[part]
+        return SpanReadout(self.queries[part], self.keys[part], self.values[part], bias)
 
     def scores(self) -> torch.Tensor:
-        return self.queries @ self.keys.transpose(1, 2)  # [R, m, n]
+        scores = self.queries @ self.keys.transpose(1, 2)  # [R, m, n]
+        return scores if self.key_bias is None else scores + self.key_bias[:, None, :]
 
     def attention(self) -> torch.Tensor:
         """Each query's attention over the span `[R, m, n]` (rows sum to 1)."""
@@ -152,6 +156,8 @@ def row_stats(readout: SpanReadout, outputs: bool = True) -> RowStats:
     square = torch.zeros(rows, n, device=keys.device)
     for lo in range(0, m, query_chunk(rows, n)):
         scores = queries[:, lo : lo + query_chunk(rows, n)].float() @ keys.transpose(1, 2)  # [R, c, n]
+        if readout.key_bias is not None:
+            scores += readout.key_bias[:, None, :].float()
         top = scores.amax(-1, keepdim=True)
         weights = scores.sub_(top).exp_()
         z = weights.sum(-1, keepdim=True)

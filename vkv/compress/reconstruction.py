@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.kv.segment import verbatim_segment
+from vkv.errors import VkvError
+from vkv.kv.segment import Segment
 from vkv.lm.capture import projection_hooks
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
@@ -69,31 +70,34 @@ class ReconstructionPass:
 
     @classmethod
     def run(cls, work, chunk: int, score: bool = False, normalise: str = "context") -> ReconstructionPass:
-        """The pass for a method's work: its span after `work.prefix_cache()`, with the span's own K/V."""
-        span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
+        """The pass for a method's work: its span after `work.prefix_cache()`, with the span's entries
+        (`work.span_entries()`: its own K/V, or a running cache's compacted history)."""
         span = work.ids[work.start : work.end]
-        return cls.run_on(work.lm, span, work.start, work.prefix_cache(), span_kv, chunk, score, normalise)
+        return cls.run_on(work.lm, span, work.prefix_cache(), work.span_entries(), chunk, score, normalise)
 
     @classmethod
     def run_on(
         cls,
         lm: FrozenLM,
         span: list[int],
-        start: int,
         context_cache,
-        span_kv,
+        entries: Segment,
         chunk: int,
         score: bool = False,
         normalise: str = "context",
     ) -> ReconstructionPass:
         """Feed each chunk's request and the chunk on top of `context_cache` (a SplicedCache of everything before the
-        span, extended here) and the span's own K/V `span_kv` (a KVPrefix of the span's tokens, from `start`);
-        record the read-out's queries and, with `score`, each entry's largest attention from any of them
-        (`normalise`: NORMALISATIONS, see `normalisation_setting`)."""
+        span, extended here) and the span's `entries` (a segment standing for the span's tokens `span`: its own K/V,
+        or entries already compacted, whose scores are then per slot); record the read-out's queries and, with
+        `score`, each slot's largest attention from any of them (`normalise`: NORMALISATIONS, see
+        `normalisation_setting`; chunk only where each slot is the span token of its index)."""
         span = list(span)
+        if normalise == "chunk" and (entries.kind != "verbatim" or entries.slots != len(span)):
+            raise VkvError("the chunk normalisation scores a span's own tokens, not entries already compacted")
         feeds = read_out_feeds(lm, span, context_cache.next_position, chunk, template=normalise == "chunk")
-        context_cache.append(verbatim_segment(span_kv, start))
-        context = Context(lm, context_cache)  # the span is its last dense entries, as the model computed them
+        context_cache.append(entries)
+        # the span's entries must be the last dense ones: compacted ones (padded per head) are kept dense too
+        context = Context(lm, context_cache, padded=entries.kind != "verbatim")
         queries, positions, scores, lo = [], [], None, 0
         label = f"read-out of {len(span)} tokens" + (", scored" if score else "")
         with counted(label, len(feeds)) as done:
@@ -107,11 +111,11 @@ class ReconstructionPass:
                     with stage("scoring", lm.device):
                         if normalise == "chunk":
                             s = chunk_scores(
-                                lm, context, q, at, torch.arange(len(fed)), len(span), own=(lo, lo + piece)
+                                lm, context, q, at, torch.arange(len(fed)), entries.slots, own=(lo, lo + piece)
                             )
                         else:
                             rows = torch.arange(first, len(fed))
-                            s = chunk_scores(lm, context, q[:, :, first:], at[first:], rows, len(span))
+                            s = chunk_scores(lm, context, q[:, :, first:], at[first:], rows, entries.slots)
                     scores = s if scores is None else torch.maximum(scores, s)
                 queries.append(q[:, :, first:])
                 positions.append(at[first:])

@@ -25,6 +25,7 @@ from vkv import upgrade
 from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
 from vkv.compress.budget import allocate
 from vkv.compress.config import CompressConfig
+from vkv.compress.history import HistoryCap
 from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
 from vkv.compress.reconstruction import reconstruction_scores
@@ -187,21 +188,25 @@ def compress_turns(
     compress_turn: Callable[[SplicedCache, Turn, TurnView, int], Segment],
     queries: bool = False,
     on_turn: Callable[[Turn, Segment], None] | None = None,
+    cap: HistoryCap | None = None,
+    seed: int = 0,
 ) -> list[Segment]:
     """The running-cache loop every turn-by-turn compression runs (vkv's and each per-turn method's): turn after turn,
     its real tokens are fed on top of `cache` (which must end where the first turn starts; with `queries`, their
     pre-RoPE queries kept too), `compress_turn(cache, turn, view, budget)` gives its segment, and the segment joins
-    `cache` before the next turn is fed."""
-    segments = []
+    `cache` before the next turn is fed. Under a `cap`, the loop's segments are compacted again whenever some head
+    would hold more (compress/history.py). Returns the loop's segments as the cache holds them at the end."""
+    first = len(cache.segments)
     for turn, budget in zip(turns, budgets):
-        view = view_on_cache(lm, cache, ids, turn, queries)
+        view = view_on_cache(lm, cache, ids, turn, queries or cap is not None)
         segment = compress_turn(cache, turn, view, budget)
         segment.stats = {**segment.stats, **turn_stats(turn)}
         cache.append(segment)
-        segments.append(segment)
+        if cap is not None:
+            cap.hold(lm, ids, cache, first, view, seed)
         if on_turn is not None:
             on_turn(turn, segment)
-    return segments
+    return cache.segments[first:]
 
 
 def compress_virtual_turns(
@@ -214,6 +219,7 @@ def compress_virtual_turns(
     history: FullHistory | None = None,
     message_starts: list[int] | None = None,
     on_turn: Callable[[Turn, Segment], None] | None = None,
+    cap: HistoryCap | None = None,
 ) -> list[Segment]:
     """vkv's turn-by-turn compression: `budget` entries (`span_budget` of the turns' tokens) shared over `turns` in
     proportion to their lengths, or each turn's own by auto-ratio (then `budget` is None), appended to `cache`.
@@ -245,7 +251,9 @@ def compress_virtual_turns(
         )
         return segment
 
-    return compress_turns(lm, ids, turns, cache, budgets, compress_turn, queries, on_turn)
+    return compress_turns(
+        lm, ids, turns, cache, budgets, compress_turn, queries, on_turn, cap, config.compress.optim.seed
+    )
 
 
 def _turn_segment(

@@ -47,6 +47,19 @@ def message_turns(message_starts: list[int], roles: list[str] | None, start: int
     return turns
 
 
+def chunk_turns(turns: list[Turn], every: int) -> list[Turn]:
+    """Consecutive turns gathered into chunks as an agent's loop meets them: a chunk closes once it holds at least
+    `every` tokens (the last one may hold fewer); a chunk of one turn is that turn."""
+    chunks, group = [], []
+    for turn in turns:
+        group.append(turn)
+        if group[-1].end - group[0].start >= every or turn is turns[-1]:
+            first, last = group[0], group[-1]
+            chunks.append(first if len(group) == 1 else Turn(first.first, last.last, None, first.start, last.end))
+            group = []
+    return chunks
+
+
 @dataclass
 class TurnView:
     """A turn's real tokens as the model computed them on top of some history."""

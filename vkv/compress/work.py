@@ -23,7 +23,38 @@ from vkv.lm.frozen import FrozenLM
 
 
 @dataclass
-class SpanWork:
+class Reusing:
+    """What a method's work computes once and every run on it shares (`reuse`), with the seconds it took."""
+
+    _reusable: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    reused_seconds: float = field(default=0.0, init=False, repr=False, compare=False)
+
+    def reuse(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """`compute()`, computed once for this work and `key` (which must name everything the result depends on): a
+        method run at several ratios shares what does not depend on the ratio, such as the reconstruction pass. Each
+        reuse adds the seconds the first computation took to `reused_seconds`, so that a run's compression time
+        still counts the work it would have done alone."""
+        if key in self._reusable:
+            value, seconds = self._reusable[key]
+            self.reused_seconds += seconds
+            return value
+        started = time.perf_counter()
+        value = compute()
+        self._reusable[key] = (value, time.perf_counter() - started)
+        return value
+
+    def has(self, key: tuple) -> bool:
+        """Whether `reuse` already holds a result for `key`."""
+        return key in self._reusable
+
+    def take_reused_seconds(self) -> float:
+        """The seconds of reused work since the last call (and start counting again)."""
+        seconds, self.reused_seconds = self.reused_seconds, 0.0
+        return seconds
+
+
+@dataclass
+class SpanWork(Reusing):
     """Everything a method may use to compress ids[start:end] (computed once per transcript)."""
 
     lm: FrozenLM
@@ -37,8 +68,6 @@ class SpanWork:
     attention: torch.Tensor | None = None  # only for explicitly question-aware variants
     message_roles: list[str] | None = None  # role of each message, parallel to message_starts
     kv_start: int = 0  # the position of kv's first entry (0: kv holds every token before `end`)
-    _reusable: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-    reused_seconds: float = field(default=0.0, init=False, repr=False, compare=False)
 
     @classmethod
     def capture(
@@ -69,29 +98,6 @@ class SpanWork:
             message_roles,
         )
 
-    def reuse(self, key: tuple, compute: Callable[[], Any]) -> Any:
-        """`compute()`, computed once for this work and `key` (which must name everything the result depends on): a
-        method run at several ratios shares what does not depend on the ratio, such as the reconstruction pass. Each
-        reuse adds the seconds the first computation took to `reused_seconds`, so that a run's compression time
-        still counts the work it would have done alone."""
-        if key in self._reusable:
-            value, seconds = self._reusable[key]
-            self.reused_seconds += seconds
-            return value
-        started = time.perf_counter()
-        value = compute()
-        self._reusable[key] = (value, time.perf_counter() - started)
-        return value
-
-    def has(self, key: tuple) -> bool:
-        """Whether `reuse` already holds a result for `key`."""
-        return key in self._reusable
-
-    def take_reused_seconds(self) -> float:
-        """The seconds of reused work since the last call (and start counting again)."""
-        seconds, self.reused_seconds = self.reused_seconds, 0.0
-        return seconds
-
     @property
     def span_length(self) -> int:
         return self.end - self.start
@@ -118,6 +124,10 @@ class SpanWork:
         if self.start > 0:
             cache.append(verbatim_segment(self.kv.slice(0, self.start - self.kv_start), 0))
         return cache
+
+    def span_entries(self) -> Segment:
+        """The span's own K/V as a verbatim segment: what a read-out pass reads after `prefix_cache()`."""
+        return verbatim_segment(self.kv.slice(self.start - self.kv_start, self.end - self.kv_start), self.start)
 
     def span_kv(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The span's own full-context keys and values, `[layers, kv_heads, span, head_dim]` float32 each."""

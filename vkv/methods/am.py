@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vkv.compress.attention_matching import AttentionMatchingFit
+from vkv.compress.history import HistoryWork
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
 from vkv.methods.base import PerTurnMethod
@@ -31,3 +32,7 @@ class AttentionMatching(PerTurnMethod, AttentionMatchingFit):
             None if bool(result.real.all()) else result.real.reshape(shape),
             reference_queries=count,
         )
+
+    def compact_history(self, work: HistoryWork, entries: int) -> Segment:
+        """Refits its own fitted entries (`AttentionMatchingFit.refit_history`)."""
+        return self.refit_history(work, entries)

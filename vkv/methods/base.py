@@ -7,8 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+from vkv.compress.history import HistoryCap, HistoryWork
 from vkv.compress.turn import Turn
 from vkv.compress.work import SpanWork
+from vkv.errors import VkvError
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
@@ -80,6 +82,56 @@ class BudgetMethod(Method):
     def compress_to(self, work: SpanWork, budget: int, on_step=None) -> Segment | SegmentGroup:
         raise NotImplementedError
 
+
+@dataclass
+class PerTurnMethod(BudgetMethod):
+    """A budget method that can also run as an agent's loop, on top of the running compressed cache
+    (methods/turns.py): each message when it ends (`per_turn`), or chunks of at least `every` tokens of messages, the
+    span's budget shared over them in proportion to their lengths; under a `cap`, the history is compacted again by
+    the method's own rule (`compact_history`) whenever some head would hold more."""
+
+    per_turn: bool = setting(False, "compress each message when it ends, on top of the running compressed cache")
+    every: int = setting(
+        0,
+        "compress in chunks: whenever this many tokens of new messages have accumulated, together, on top of the "
+        "running compressed cache (0: off)",
+        minimum=0,
+    )
+    cap: int = setting(
+        0,
+        "entries per layer and KV head the compressed history never exceeds: when a message or chunk would take a "
+        "head past it, the history is compacted again (needs per_turn or every; 0: no cap)",
+        minimum=0,
+    )
+
+    @property
+    def looped(self) -> bool:
+        """Whether the span is compressed as a loop of messages or chunks rather than at once."""
+        return self.per_turn or self.every > 0
+
+    def check(self) -> None:
+        super().check()
+        if self.cap and not self.looped:
+            raise VkvError(f"{self.name}: a cap bounds a running cache; set per_turn or every as well")
+
+    def history_cap(self) -> HistoryCap | None:
+        """The loop's cap with this method's rule for compacting its history, or None without a cap."""
+        return HistoryCap(self.cap, self.compact_history) if self.cap else None
+
+    def compact_history(self, work: HistoryWork, entries: int) -> Segment:
+        """The history's entries compacted again to at most `entries` per layer and KV head (`work`: the history,
+        the cache before it, its text and the newest chunk)."""
+        raise VkvError(
+            f"{self.name} has no rule for compacting its own entries again, so it cannot run under a cap; methods "
+            f"that can: {', '.join(capped_methods())}"
+        )
+
+    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
+        if not self.looped:
+            return super().compress(work, ratio, on_step)
+        self.check()
+        return compress_per_turn(work, work.budget(ratio), self.compress_to, self.every, self.history_cap())
+
     def compress_messages(
         self,
         lm: FrozenLM,
@@ -92,25 +144,36 @@ class BudgetMethod(Method):
         seed: int = 0,
         on_turn: Callable[[Turn, Segment], None] | None = None,
     ) -> list[Segment]:
-        """`turns` compressed one message at a time on the running `cache` (which ends where the first starts), the
-        `budget` shared over them in proportion to their lengths: what `Session.compress` runs."""
+        """`turns` (messages) compressed one at a time, or in chunks of `every` tokens, on the running `cache` (which
+        ends where the first starts), the `budget` shared over them in proportion to their lengths, under the cap if
+        any: what `Session.compress` runs."""
         self.check()
         starts, roles = message_starts, message_roles
-        return compress_messages(lm, ids, turns, cache, budget, starts, roles, seed, self.compress_to, on_turn)
+        return compress_messages(
+            lm,
+            ids,
+            turns,
+            cache,
+            budget,
+            starts,
+            roles,
+            seed,
+            self.compress_to,
+            on_turn,
+            self.every,
+            self.history_cap(),
+        )
 
 
-@dataclass
-class PerTurnMethod(BudgetMethod):
-    """A budget method that can also compress each message of the span when it ends, on top of the running
-    compressed cache (methods/turns.py), the span's budget shared over the messages."""
+def capped_methods() -> list[str]:
+    """The registered methods that can run under a cap (their own `compact_history`)."""
+    from vkv.methods import METHODS  # the registry imports every method module, this one first
 
-    per_turn: bool = setting(False, "compress each message when it ends, on top of the running compressed cache")
-
-    def compress(self, work: SpanWork, ratio: float, on_step=None) -> Segment | SegmentGroup:
-        if not self.per_turn:
-            return super().compress(work, ratio, on_step)
-        self.check()
-        return compress_per_turn(work, work.budget(ratio), self.compress_to)
+    return [
+        name
+        for name, cls in METHODS.items()
+        if issubclass(cls, PerTurnMethod) and cls.compact_history is not PerTurnMethod.compact_history
+    ]
 
 
 @dataclass

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import HeadBudget, head_budget_setting
+from vkv.compress.history import HistoryWork, best_per_head
 from vkv.compress.reconstruction import chunk_setting, normalisation_setting, reconstruction_scores
 from vkv.compress.work import SpanWork
+from vkv.kv.segment import Segment
 from vkv.methods.eviction import ScorerMethod
 
 
@@ -25,3 +27,9 @@ class KVzip(ScorerMethod):
 
     def score(self, work: SpanWork, budget: int) -> torch.Tensor:
         return reconstruction_scores(work, self.chunk, self.normalise)  # [layers, kv_heads, n]
+
+    def compact_history(self, work: HistoryWork, entries: int) -> Segment:
+        """Re-scores the history's entries by a read-out of its text on top of them (the pass's own scores, over the
+        whole context) and keeps each head's best `entries`."""
+        scores = reconstruction_scores(work, self.chunk, "context")
+        return work.history.keep(*best_per_head(scores, work.history.real, entries))

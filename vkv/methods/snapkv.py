@@ -3,7 +3,9 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import HeadBudget, head_budget_setting
+from vkv.compress.history import HistoryWork, best_per_head
 from vkv.compress.work import SpanWork
+from vkv.kv.segment import Segment
 from vkv.methods.eviction import ScorerMethod
 from vkv.settings import setting
 
@@ -34,3 +36,10 @@ class SnapKV(ScorerMethod):
         pooled = torch.nn.functional.avg_pool1d(attn.reshape(-1, 1, observed_end), kernel, 1, kernel // 2)
         always = torch.full((layers, kv_heads, window), float("inf"))
         return torch.cat([pooled.reshape(layers, kv_heads, -1)[..., :observed_end], always], dim=-1)
+
+    def compact_history(self, work: HistoryWork, entries: int) -> Segment:
+        """Re-scores the history's entries by the attention of the newest chunk's last `window` tokens (the
+        observation window as it stands now; no pooling, since a head's neighbouring slots need not be neighbouring
+        tokens) and keeps each head's best `entries`."""
+        scores = work.recent_attention(min(int(self.window), work.recent.acts.length))
+        return work.history.keep(*best_per_head(scores, work.history.real, entries))

@@ -5,12 +5,14 @@ beside the virtual tokens (per-head, shared or none) and `auto_ratio` lets each 
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from vkv.compress.attention_matching import AttentionMatchingFit
 from vkv.compress.config import CompressConfig
+from vkv.compress.history import HistoryWork
 from vkv.compress.hybrid import hybrid_segment
 from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
 from vkv.compress.single import span_segment
-from vkv.compress.turn import Turn, message_turns
+from vkv.compress.turn import Turn, chunk_turns, message_turns
 from vkv.compress.work import SpanWork
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import Segment, SegmentGroup
@@ -58,8 +60,8 @@ class VirtualTokens(PerTurnMethod):
     def _compressed(self, work: SpanWork, budget: int | None, recipe: VkvRecipe, on_step) -> Segment | SegmentGroup:
         """The span's segment by the recipe's mode: turn by turn (per turn, or the span as one turn choosing its
         ratio), or the whole span beside a shared or per-head verbatim part."""
-        if self.per_turn or recipe.auto_ratio:
-            return _turn_by_turn(work, budget, recipe, self.per_turn)
+        if self.looped or recipe.auto_ratio:
+            return _turn_by_turn(work, budget, recipe, self)
         if recipe.verbatim == "shared":
             span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
             scores = reconstruction_scores(work) if recipe.compress.needs_reconstruction else None
@@ -86,27 +88,45 @@ class VirtualTokens(PerTurnMethod):
         if recipe.target_source == "oracle":
             history = FullHistory.capture(lm, ids, turns[0].start, turns[-1].end)
         budget = None if recipe.auto_ratio else budget
-        return compress_virtual_turns(lm, ids, turns, cache, recipe, budget, history, on_turn=on_turn)
+        turns = chunk_turns(turns, self.every) if self.every else turns
+        cap = self.history_cap()
+        return compress_virtual_turns(lm, ids, turns, cache, recipe, budget, history, on_turn=on_turn, cap=cap)
 
     def config(self) -> dict[str, Any]:
-        return {**self.settings().to_dict(), "per_turn": self.per_turn}
+        loop = {"every": self.every, "cap": self.cap} if self.every or self.cap else {}  # older runs' ids stay
+        return {**self.settings().to_dict(), "per_turn": self.per_turn, **loop}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "VirtualTokens":
         config = dict(config)
-        per_turn = config.pop("per_turn", False)
-        return cls(recipe=VkvRecipe.from_dict(config), per_turn=per_turn)
+        loop = {k: config.pop(k) for k in ("per_turn", "every", "cap") if k in config}
+        return cls(recipe=VkvRecipe.from_dict(config), **loop)
+
+    def compact_history(self, work: HistoryWork, entries: int) -> Segment:
+        """Attention matching's refit of the history's entries (virtual ones are entries like any other), with am's
+        options as the recipe's am-sourced verbatim part takes them."""
+        return AttentionMatchingFit(head_budget=self.settings().compress.head_budget).refit_history(work, entries)
 
 
-def _turn_by_turn(work: SpanWork, budget: int | None, recipe: VkvRecipe, per_turn: bool) -> SegmentGroup:
-    """The span's messages (per turn) or the span as one turn, each compressed on the cache the earlier ones left,
-    with targets from the work's full history or from that cache."""
+def _turn_by_turn(work: SpanWork, budget: int | None, recipe: VkvRecipe, method: VirtualTokens) -> SegmentGroup:
+    """The span's messages (per turn), its chunks (every), or the span as one turn, each compressed on the cache the
+    earlier ones left, with targets from the work's full history or from that cache, under the method's cap."""
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-    if not per_turn:
+    if method.every:
+        turns = chunk_turns(turns, method.every)
+    elif not method.per_turn:
         turns = [Turn(turns[0].first, turns[-1].last, None, work.start, work.end)]
     history = FullHistory(work.acts, work.kv)
     segments = compress_virtual_turns(
-        work.lm, work.ids, turns, work.prefix_cache(), recipe, budget, history, work.message_starts
+        work.lm,
+        work.ids,
+        turns,
+        work.prefix_cache(),
+        recipe,
+        budget,
+        history,
+        work.message_starts,
+        cap=method.history_cap(),
     )
     seconds = round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)
     stats = {"targets": recipe.target_source, "turns": cache_rows(SplicedCache(segments)), "seconds": seconds}

@@ -1,0 +1,192 @@
+"""A running cache under a cap: at most `cap` entries per layer and KV head for the compressed history, however long
+the conversation grows. When a new chunk's segment takes some head past the cap, the loop's segments (older ones and
+the new one) are compacted again, by the method's own rule, into one segment that fits (`HistoryCap.hold`); what a
+method is given for that is a `HistoryWork`: the history's entries as one set per head (`History`), the cache before
+it, the text the history stands for, and the newest chunk as the model read it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from vkv.compress.turn import TurnView
+from vkv.compress.work import Reusing
+from vkv.errors import VkvError
+from vkv.kv.segment import Segment, compact_segment
+from vkv.kv.spliced import SplicedCache
+from vkv.lm.frozen import FrozenLM
+
+
+def most_entries_per_head(segments: list[Segment]) -> int:
+    """The most entries any layer's KV head holds over `segments` (padding does not count): what a cap bounds."""
+    if not segments:
+        return 0
+    layers, kv_heads = segments[0].keys.shape[:2]
+    held = torch.zeros(layers, kv_heads, dtype=torch.long)
+    for s in segments:
+        held += s.slots if s.bias is None else torch.isfinite(s.bias).sum(-1)
+    return int(held.max())
+
+
+@dataclass
+class History:
+    """Compressed segments as one set of entries per layer and KV head, slots in segment order: `keys` and `values`
+    `[layers, kv_heads, slots, head_dim]` float32, `bias` `[layers, kv_heads, slots]` (0 where a segment had none, −inf
+    on padding), `positions` `[layers, kv_heads, slots]` each slot's segment position."""
+
+    span: tuple[int, int]
+    keys: torch.Tensor
+    values: torch.Tensor
+    bias: torch.Tensor
+    positions: torch.Tensor
+
+    @classmethod
+    def of(cls, segments: list[Segment]) -> History:
+        layers, kv_heads = segments[0].keys.shape[:2]
+
+        def joined(get) -> torch.Tensor:
+            return torch.cat([get(s).float().cpu() for s in segments], dim=2)
+
+        return cls(
+            (segments[0].span[0], segments[-1].span[1]),
+            joined(lambda s: s.keys),
+            joined(lambda s: s.values),
+            joined(lambda s: torch.zeros(s.keys.shape[:3]) if s.bias is None else s.bias),
+            joined(lambda s: s.positions.float().expand(layers, kv_heads, -1)),
+        )
+
+    @property
+    def real(self) -> torch.Tensor:
+        """`[layers, kv_heads, slots]` bool: the slots that hold entries."""
+        return torch.isfinite(self.bias)
+
+    def segment(self) -> Segment:
+        """The history as it is, one compact segment."""
+        return compact_segment(self.span, self.keys, self.values, self.positions, self.real, self.bias)
+
+    def keep(
+        self,
+        index: torch.Tensor,
+        real: torch.Tensor,
+        values: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+    ) -> Segment:
+        """A compact segment of each head's slots `index` `[layers, kv_heads, t]` (`real` False on padding) with their
+        own values and biases, or fitted `values` `[layers, kv_heads, t, head_dim]` and `bias` `[layers, kv_heads, t]`."""
+        dim = self.keys.shape[-1]
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            return t.gather(2, index[..., None].expand(-1, -1, -1, dim))
+
+        return compact_segment(
+            self.span,
+            gather(self.keys),
+            gather(self.values) if values is None else values.float().cpu(),
+            self.positions.gather(2, index),
+            real,
+            self.bias.gather(2, index) if bias is None else bias.float().cpu(),
+        )
+
+
+@dataclass
+class HistoryWork(Reusing):
+    """What a method is given to compact a running cache's history again: the history's entries, the cache before
+    them, the tokens they stand for (`ids[start:end]`, which a read-out pass repeats, as for a span) and the newest
+    chunk as the model read it on top of the cache (`recent`, its queries included)."""
+
+    lm: FrozenLM
+    ids: list[int]
+    before: SplicedCache  # ends where the history starts
+    history: History
+    recent: TurnView
+    seed: int = 0
+
+    @property
+    def start(self) -> int:
+        return self.history.span[0]
+
+    @property
+    def end(self) -> int:
+        return self.history.span[1]
+
+    def prefix_cache(self) -> SplicedCache:
+        return self.before.fork()
+
+    def span_entries(self) -> Segment:
+        return self.history.segment()
+
+    def recent_attention(self, window: int) -> torch.Tensor:
+        """The mean attention `[layers, kv_heads, slots]` the newest chunk's last `window` tokens give each history
+        slot (over the query heads of a KV head), each query's softmax over the cache before the history, the history
+        and the chunk up to itself, as the model read them."""
+        acts, lm = self.recent.acts, self.lm
+        queries = acts.queries_pre_rope[:, :, -window:]  # [layers, heads, w, head_dim]
+        positions = torch.arange(acts.end - queries.shape[2], acts.end).float()
+        group = lm.spec.num_heads // lm.spec.num_kv_heads
+        before = self.before.kv()
+        out = []
+        for layer in range(queries.shape[0]):
+            q = lm.rotate(queries[layer].to(lm.device).float(), positions) * lm.spec.head_dim**-0.5  # [H, w, D]
+            parts = [
+                (before.keys[layer][0], None if before.bias is None else before.bias[layer][0])
+                if before.keys
+                else None,
+                (self.history.keys[layer], self.history.bias[layer]),
+                (self.recent.kv.keys[layer][0], None),
+            ]
+            scores = []
+            for part in parts:
+                if part is None:
+                    continue
+                k, b = part
+                s = q @ k.to(lm.device).float().repeat_interleave(group, 0).transpose(1, 2)
+                scores.append(s if b is None else s + b.to(lm.device).float().repeat_interleave(group, 0)[:, None])
+            own = scores[-1]
+            w = own.shape[1]
+            causal = torch.ones(w, own.shape[2], dtype=torch.bool, device=own.device).tril(own.shape[2] - w)
+            scores[-1] = own.masked_fill(~causal, float("-inf"))
+            first = scores[0].shape[-1] if len(scores) == 3 else 0
+            attention = torch.cat(scores, dim=-1).softmax(-1)[..., first : first + self.history.keys.shape[2]]
+            out.append(attention.mean(1).reshape(lm.spec.num_kv_heads, group, -1).mean(1))
+        return torch.stack(out).cpu()
+
+
+@dataclass
+class HistoryCap:
+    """At most `entries` entries per layer and KV head for the loop's segments; `compact(work, entries)` is the
+    method's rule for compacting its history again (a segment with at most `entries` in every head)."""
+
+    entries: int
+    compact: Callable[[HistoryWork, int], Segment]
+
+    def hold(self, lm: FrozenLM, ids: list[int], cache: SplicedCache, first: int, recent: TurnView, seed: int) -> None:
+        """Compact the compressed history (the segments from the first compressed one, or from the loop's `first`
+        if earlier) into one segment in place when some head holds more than the cap; the cache before them and its
+        next position do not change."""
+        first = min([first] + [i for i, s in enumerate(cache.segments) if s.compressed][:1])
+        loop = cache.segments[first:]
+        held = most_entries_per_head(loop)
+        if held <= self.entries:
+            return
+        before = SplicedCache(cache.segments[:first], loop[0].span[0])
+        segment = self.compact(HistoryWork(lm, ids, before, History.of(loop), recent, seed), self.entries)
+        kept = most_entries_per_head([segment])
+        if kept > self.entries:
+            raise VkvError(f"compacting the history kept {kept} entries in a head, over the cap of {self.entries}")
+        segment.stats = {**segment.stats, "recompacted": len(loop), "entries_before": held, "cap": self.entries}
+        cache.segments[first:] = [segment]
+
+
+def best_per_head(scores: torch.Tensor, real: torch.Tensor, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each head's best `entries` slots (all its entries when it holds fewer) by `scores` `[layers, kv_heads, slots]`,
+    among the `real` ones → (`index` `[layers, kv_heads, t]`, real ones first in slot order, padding repeating the
+    head's first; `real` `[layers, kv_heads, t]`)."""
+    counts = real.sum(-1).clamp_max(entries)
+    t = int(counts.max())
+    ranked = scores.float().masked_fill(~real, float("-inf")).topk(t, dim=-1).indices
+    kept = torch.arange(t) < counts[..., None]
+    slots = scores.shape[-1]
+    order = torch.where(kept, ranked, ranked + slots).sort(-1).values
+    return torch.where(kept, order, order[..., :1]), kept
