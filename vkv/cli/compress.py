@@ -91,15 +91,15 @@ def cmd_compress(args: argparse.Namespace) -> int:
     lm, loading = timed_load(command)
     started = time.perf_counter()
     label = f"compressing {transcript.id} turns {turns[0]}-{turns[1] - 1} by {cls.name}"
-    per_turn = getattr(method, "per_turn", False)
-    steps = plan.compress.optim.steps if cls.reports_steps and not (per_turn or method.chooses_ratio) else 0
+    looped = getattr(method, "looped", False)  # a loop's steps are per message or chunk, not one bar
+    steps = plan.compress.optim.steps if cls.reports_steps and not (looped or method.chooses_ratio) else 0
     with step_bar(label, steps) if steps else status(label) as on_step:
         spliced = compress_with(lm, transcript, turns, method, command.ratio, plan.compress.optim.seed, on_step)
     save_with_store(spliced, command, lm, transcript)
     seconds = time.perf_counter() - started
     rows = report_rows(read_header(command.out))
     console.print(report_table(rows))
-    whole = cls.recipe_class is VkvRecipe and not (per_turn or method.chooses_ratio)  # one segment of virtual tokens
+    whole = cls.recipe_class is VkvRecipe and not (looped or method.chooses_ratio)  # one segment of virtual tokens
     summary = _virtual_summary(next(s for s in spliced.segments if s.kind != "verbatim")) if whole else {}
     if summary:
         console.print(key_value_table("virtual tokens", summary))

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from vkv.cli.common import console, key_value_table, trust_foreign_setting, write_json
 from vkv.kv.file import integrity, read_header, verify
-from vkv.kv.report import entries_text, memory_text, report_rows, report_table, storage
+from vkv.kv.report import entries_per_head, entries_text, memory_text, report_rows, report_table, storage
 from vkv.settings import add_arguments, from_args, setting
 
 
@@ -29,6 +29,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     config = from_args(InspectConfig, args)
     header = read_header(args.cache) if config.header_only else verify(args.cache, config.trust_foreign)
     stored = storage(args.cache, header)
+    if not config.header_only:  # each head's entries are counted from the masks the tensors hold
+        stored.update(entries_per_head(args.cache, header, config.trust_foreign))
     meta = {k: v for k, v in header.items() if k not in ("segments", "config", "spec", "transcript")}
     meta["integrity"] = "not checked (--header-only)" if config.header_only else integrity(header)
     meta.update({f"transcript.{k}": v for k, v in header.get("transcript", {}).items()}, **stored)

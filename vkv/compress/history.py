@@ -14,20 +14,9 @@ import torch
 from vkv.compress.turn import TurnView
 from vkv.compress.work import Reusing
 from vkv.errors import VkvError
-from vkv.kv.segment import Segment, compact_segment
+from vkv.kv.segment import Segment, compact_segment, most_entries_per_head
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
-
-
-def most_entries_per_head(segments: list[Segment]) -> int:
-    """The most entries any layer's KV head holds over `segments` (padding does not count): what a cap bounds."""
-    if not segments:
-        return 0
-    layers, kv_heads = segments[0].keys.shape[:2]
-    held = torch.zeros(layers, kv_heads, dtype=torch.long)
-    for s in segments:
-        held += s.slots if s.bias is None else torch.isfinite(s.bias).sum(-1)
-    return int(held.max())
 
 
 @dataclass

@@ -13,7 +13,9 @@ from typing import Any
 import torch
 from rich.table import Table
 
+from vkv.kv.file import read_cache
 from vkv.kv.ragged import kv_row_bytes, memory_plan, offsets_nbytes
+from vkv.kv.segment import most_entries_per_head
 from vkv.kv.spliced import SplicedCache
 
 
@@ -130,6 +132,25 @@ def storage(path: str | Path, header: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_original_token": round(size / tokens) if tokens else None,
         **{k: totals[k] for k in ("memory_bytes", "compressed_memory_bytes", "ratio_memory") if k in totals},
     }
+
+
+def entries_per_head(path: str | Path, header: dict[str, Any], trust_foreign: bool = False) -> dict[str, int]:
+    """The most entries any layer's KV head holds in the file (`max_entries_per_head`) and in its compressed segments
+    alone (`compressed_max_entries_per_head`: what a running cache's cap bounds), counted from the stored masks (a file
+    of embeddings holds every slot in every head)."""
+    if header.get("store", "kv") == "kv":
+        segments = read_cache(path, trust_foreign=trust_foreign).segments
+        whole, compressed = (
+            most_entries_per_head(segments),
+            most_entries_per_head([s for s in segments if s.compressed]),
+        )
+    else:
+        rows = header.get("segments", [])
+        whole = sum(r["entries"] for r in rows)
+        compressed = sum(
+            r["entries"] for r in rows if r["kind"] != "verbatim" or r["entries"] < r["span"][1] - r["span"][0]
+        )
+    return {"max_entries_per_head": whole, "compressed_max_entries_per_head": compressed}
 
 
 def report_table(rows: list[dict[str, Any]], title: str = "compression report"):

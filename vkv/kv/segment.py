@@ -200,6 +200,17 @@ def mass_bias(mass: torch.Tensor, layers: int, kv_heads: int) -> torch.Tensor:
     return mass.float().log().expand(layers, kv_heads, -1).contiguous()
 
 
+def most_entries_per_head(segments: list[Segment]) -> int:
+    """The most entries any layer's KV head holds over `segments` (padding does not count): what a cap bounds."""
+    if not segments:
+        return 0
+    layers, kv_heads = segments[0].keys.shape[:2]
+    held = torch.zeros(layers, kv_heads, dtype=torch.long)
+    for s in segments:
+        held += s.slots if s.bias is None else torch.isfinite(s.bias).sum(-1)
+    return int(held.max())
+
+
 class SegmentGroup(list):
     """Segments in span order (non-overlapping), plus stats describing the whole group."""
 

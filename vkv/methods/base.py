@@ -104,6 +104,13 @@ class PerTurnMethod(BudgetMethod):
         minimum=0,
     )
 
+    def config(self) -> dict[str, Any]:
+        return {**{k: v for k, v in super().config().items() if k not in ("every", "cap")}, **self.loop_config()}
+
+    def loop_config(self) -> dict[str, Any]:
+        """`per_turn`, and `every` and `cap` where set: runs recorded before chunks and caps keep their ids."""
+        return {"per_turn": self.per_turn, **{k: getattr(self, k) for k in ("every", "cap") if getattr(self, k)}}
+
     @property
     def looped(self) -> bool:
         """Whether the span is compressed as a loop of messages or chunks rather than at once."""

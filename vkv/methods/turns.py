@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vkv.compress.budget import allocate
-from vkv.compress.history import HistoryCap, most_entries_per_head
+from vkv.compress.history import HistoryCap
 from vkv.compress.sequential import compress_turns
 from vkv.compress.turn import Turn, TurnView, chunk_turns, message_turns
 from vkv.compress.work import SpanWork, TurnWork
-from vkv.kv.segment import Segment, SegmentGroup
+from vkv.kv.segment import Segment, SegmentGroup, most_entries_per_head
 from vkv.kv.spliced import SplicedCache
 from vkv.lm.frozen import FrozenLM
 

@@ -18,6 +18,7 @@ from vkv.kv.report import cache_rows
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import PerTurnMethod
+from vkv.methods.turns import loop_stats
 
 
 @dataclass
@@ -93,8 +94,7 @@ class VirtualTokens(PerTurnMethod):
         return compress_virtual_turns(lm, ids, turns, cache, recipe, budget, history, on_turn=on_turn, cap=cap)
 
     def config(self) -> dict[str, Any]:
-        loop = {"every": self.every, "cap": self.cap} if self.every or self.cap else {}  # older runs' ids stay
-        return {**self.settings().to_dict(), "per_turn": self.per_turn, **loop}
+        return {**self.settings().to_dict(), **self.loop_config()}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "VirtualTokens":
@@ -130,6 +130,7 @@ def _turn_by_turn(work: SpanWork, budget: int | None, recipe: VkvRecipe, method:
     )
     seconds = round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)
     stats = {"targets": recipe.target_source, "turns": cache_rows(SplicedCache(segments)), "seconds": seconds}
+    stats.update(loop_stats(segments, method.every, method.history_cap()))
     return SegmentGroup(segments, stats)
 
 
