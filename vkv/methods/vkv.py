@@ -1,6 +1,7 @@
 """vkv's virtual tokens as a method: one method whose modes are fields, as every method's options are. `per_turn`
-compresses each message when it ends, on the running cache; the recipe's `verbatim` says which verbatim part sits
-beside the virtual tokens (per-head, shared or none) and `auto_ratio` lets each turn choose its ratio."""
+compresses each message when it ends, on the running cache, `every` each chunk of messages, and under a `cap` the
+history is refitted by attention matching when it would exceed it; the recipe's `verbatim` says which verbatim part
+sits beside the virtual tokens (per-head, shared or none) and `auto_ratio` lets each turn choose its ratio."""
 
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
