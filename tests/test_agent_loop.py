@@ -11,6 +11,7 @@ import vkv
 from tests.conftest import FIXTURES
 from vkv.api.session import message_dict
 from vkv.cli import main
+from vkv.compress.compaction import SpanReadout, row_stats
 from vkv.compress.config import CompressConfig
 from vkv.compress.history import History
 from vkv.compress.optimise import OptimConfig
@@ -190,3 +191,15 @@ kvzip = {{ every = [{EVERY}], cap = [0, {CAP}] }}
     runs = plan(load_experiment(sweep), "cpu")
     assert sorted(r.identity["config"].get("cap", 0) for r in runs) == [0, CAP]
     assert all(r.identity["config"]["every"] == EVERY for r in runs)
+
+
+def test_a_biased_entry_reads_as_its_copies_in_am_s_statistics():
+    """A history entry carrying bias log 2 draws what two copies of it would: the refit's targets see the biases."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 7, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    biased = SpanReadout(q, k, v, torch.tensor([[2.0, 1.0, 1.0]] * 2).log())
+    copies = SpanReadout(q, torch.cat([k[:, :1], k], 1), torch.cat([v[:, :1], v], 1))
+    got, want = row_stats(biased), row_stats(copies)
+    torch.testing.assert_close(got.outputs, want.outputs)
+    torch.testing.assert_close(got.mass.log() + got.log_max, want.mass.log() + want.log_max)  # the absolute mass
+    torch.testing.assert_close(biased.log_mass(), copies.log_mass())
