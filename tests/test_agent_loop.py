@@ -125,6 +125,8 @@ def test_a_method_without_a_rule_for_its_own_entries_refuses_a_cap(evaluation):
         get_method("knorm", every=EVERY, cap=CAP).compress(evaluation.work, RATIO)
     with pytest.raises(VkvError, match="a cap bounds a running cache; set per_turn or every"):
         get_method("kvzip", cap=CAP)
+    with pytest.raises(VkvError, match="are two loops; set one"):
+        get_method("am", per_turn=True, every=EVERY)
 
 
 def test_a_capped_session_grown_past_ten_times_its_cap_holds_it_in_memory_and_on_disk(

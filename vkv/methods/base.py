@@ -120,6 +120,10 @@ class PerTurnMethod(BudgetMethod):
         super().check()
         if self.cap and not self.looped:
             raise VkvError(f"{self.name}: a cap bounds a running cache; set per_turn or every as well")
+        if self.per_turn and self.every:
+            raise VkvError(
+                f"{self.name}: per_turn (each message) and every (chunks of messages) are two loops; set one"
+            )
 
     def history_cap(self) -> HistoryCap | None:
         """The loop's cap with this method's rule for compacting its history, or None without a cap."""
