@@ -205,3 +205,18 @@ def test_a_biased_entry_reads_as_its_copies_in_am_s_statistics():
     torch.testing.assert_close(got.outputs, want.outputs)
     torch.testing.assert_close(got.mass.log() + got.log_max, want.mass.log() + want.log_max)  # the absolute mass
     torch.testing.assert_close(biased.log_mass(), copies.log_mass())
+
+
+@pytest.mark.parametrize("name", ["kvzip", "vkv"])
+def test_recent_messages_stay_verbatim_within_the_budget(evaluation, name):
+    work = evaluation.work
+    turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
+    recent = work.end - turns[-2].start  # the last two messages
+    method = quick_vkv(every=EVERY, recent=recent) if name == "vkv" else get_method(name, every=EVERY, recent=recent)
+    group = method.compress(work, RATIO)
+    assert [(s.kind, s.span) for s in group[-2:]] == [("verbatim", (t.start, t.end)) for t in turns[-2:]]
+    assert all(s.compressed for s in group[:-2]) and group[-3].span[1] == turns[-2].start
+    assert group.real_entries == pytest.approx(work.budget(RATIO), abs=1.0)
+    assert group.stats["recent"] == recent
+    with pytest.raises(VkvError, match="recent tokens kept verbatim leave"):
+        get_method(name if name != "vkv" else "kvzip", every=EVERY, recent=work.span_length - 10).compress(work, 8.0)

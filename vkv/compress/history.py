@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vkv.compress.turn import TurnView
+from vkv.compress.turn import Turn, TurnView, chunk_turns, split_recent
 from vkv.compress.work import Reusing
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment, compact_segment, most_entries_per_head
@@ -150,15 +150,15 @@ class HistoryCap:
     entries: int
     compact: Callable[[HistoryWork, int], Segment]
 
-    def hold(self, lm: FrozenLM, ids: list[int], cache: SplicedCache, first: int, recent: TurnView, seed: int) -> None:
+    def hold(self, lm: FrozenLM, ids: list[int], cache: SplicedCache, first: int, recent: TurnView, seed: int) -> int:
         """Compact the compressed history (the segments from the first compressed one, or from the loop's `first`
         if earlier) into one segment in place when some head holds more than the cap; the cache before them and its
-        next position do not change."""
+        next position do not change. Returns the index of the history's first segment."""
         first = min([first] + [i for i, s in enumerate(cache.segments) if s.compressed][:1])
         loop = cache.segments[first:]
         held = most_entries_per_head(loop)
         if held <= self.entries:
-            return
+            return first
         before = SplicedCache(cache.segments[:first], loop[0].span[0])
         segment = self.compact(HistoryWork(lm, ids, before, History.of(loop), recent, seed), self.entries)
         kept = most_entries_per_head([segment])
@@ -166,6 +166,43 @@ class HistoryCap:
             raise VkvError(f"compacting the history kept {kept} entries in a head, over the cap of {self.entries}")
         segment.stats = {**segment.stats, "recompacted": len(loop), "entries_before": held, "cap": self.entries}
         cache.segments[first:] = [segment]
+        return first
+
+
+@dataclass
+class Loop:
+    """How a running cache's loop meets a span's turns: in chunks of at least `every` tokens (0: each turn), under
+    `cap` (None: no cap), the trailing turns within `recent` tokens kept verbatim."""
+
+    every: int = 0
+    cap: HistoryCap | None = None
+    recent: int = 0
+
+    def split(self, turns: list[Turn]) -> tuple[list[Turn], list[Turn]]:
+        """(the chunks to compress, the recent turns kept verbatim)."""
+        older, kept = split_recent(turns, self.recent)
+        return (chunk_turns(older, self.every) if self.every else older), kept
+
+    def left(self, budget: int | None, chunks: list[Turn], kept: list[Turn]) -> int | None:
+        """The entries the chunks share: the budget less the recent tokens kept verbatim (None: each chunk chooses
+        its own, auto-ratio)."""
+        if budget is None:
+            return None
+        verbatim = sum(t.length for t in kept)
+        if chunks and budget - verbatim < len(chunks):
+            raise VkvError(
+                f"the {verbatim} recent tokens kept verbatim leave {max(budget - verbatim, 0)} of the budget's {budget} "
+                f"entries for {len(chunks)} chunk(s) to compress; keep fewer recent tokens or use a lower ratio"
+            )
+        return budget - verbatim
+
+    def stats(self, segments: list[Segment]) -> dict:
+        """What a run records of its loop: the chunk size, the recent tokens, the cap and the most entries a head
+        holds at the end."""
+        stats = {k: v for k, v in (("every", self.every), ("recent", self.recent)) if v}
+        if self.cap is not None:
+            stats.update(cap=self.cap.entries, max_entries_per_head=most_entries_per_head(segments))
+        return stats
 
 
 def best_per_head(scores: torch.Tensor, real: torch.Tensor, entries: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -203,7 +203,7 @@ def compress_turns(
         segment.stats = {**segment.stats, **turn_stats(turn)}
         cache.append(segment)
         if cap is not None:
-            cap.hold(lm, ids, cache, first, view, seed)
+            first = cap.hold(lm, ids, cache, first, view, seed)
         if on_turn is not None:
             on_turn(turn, segment)
     return cache.segments[first:]

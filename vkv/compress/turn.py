@@ -60,6 +60,14 @@ def chunk_turns(turns: list[Turn], every: int) -> list[Turn]:
     return chunks
 
 
+def split_recent(turns: list[Turn], recent: int) -> tuple[list[Turn], list[Turn]]:
+    """(the turns to compress, the trailing ones kept verbatim): a turn that starts within the last `recent` tokens
+    of the turns stays as it is, as an agent keeps its recent turns."""
+    end = turns[-1].end if turns else 0
+    older = [t for t in turns if t.start < end - recent]
+    return older, turns[len(older) :]
+
+
 @dataclass
 class TurnView:
     """A turn's real tokens as the model computed them on top of some history."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from vkv.compress.history import HistoryCap, HistoryWork
+from vkv.compress.history import HistoryCap, HistoryWork, Loop
 from vkv.compress.turn import Turn
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
@@ -17,6 +17,8 @@ from vkv.lm.frozen import FrozenLM
 from vkv.methods.turns import compress_messages, compress_per_turn
 from vkv.methods.work import TextWork
 from vkv.settings import check_value, flat_settings, setting
+
+LATER_LOOP_FIELDS = ("every", "cap", "recent")  # recorded only where set
 
 
 @dataclass
@@ -103,13 +105,19 @@ class PerTurnMethod(BudgetMethod):
         "head past it, the history is compacted again (needs per_turn or every; 0: no cap)",
         minimum=0,
     )
+    recent: int = setting(
+        0,
+        "tokens at the end of the span kept verbatim, as agents keep their recent turns: messages that start within "
+        "them are not compressed, and their tokens count against the budget (needs per_turn or every; 0: none)",
+        minimum=0,
+    )
 
     def config(self) -> dict[str, Any]:
-        return {**{k: v for k, v in super().config().items() if k not in ("every", "cap")}, **self.loop_config()}
+        return {**{k: v for k, v in super().config().items() if k not in LATER_LOOP_FIELDS}, **self.loop_config()}
 
     def loop_config(self) -> dict[str, Any]:
-        """`per_turn`, and `every` and `cap` where set: runs recorded before chunks and caps keep their ids."""
-        return {"per_turn": self.per_turn, **{k: getattr(self, k) for k in ("every", "cap") if getattr(self, k)}}
+        """`per_turn`, and the loop's later fields where set: runs recorded before them keep their ids."""
+        return {"per_turn": self.per_turn, **{k: getattr(self, k) for k in LATER_LOOP_FIELDS if getattr(self, k)}}
 
     @property
     def looped(self) -> bool:
@@ -120,6 +128,8 @@ class PerTurnMethod(BudgetMethod):
         super().check()
         if self.cap and not self.looped:
             raise VkvError(f"{self.name}: a cap bounds a running cache; set per_turn or every as well")
+        if self.recent and not self.looped:
+            raise VkvError(f"{self.name}: recent tokens are kept by a running cache's loop; set per_turn or every")
         if self.per_turn and self.every:
             raise VkvError(
                 f"{self.name}: per_turn (each message) and every (chunks of messages) are two loops; set one"
@@ -141,7 +151,7 @@ class PerTurnMethod(BudgetMethod):
         if not self.looped:
             return super().compress(work, ratio, on_step)
         self.check()
-        return compress_per_turn(work, work.budget(ratio), self.compress_to, self.every, self.history_cap())
+        return compress_per_turn(work, work.budget(ratio), self)
 
     def compress_messages(
         self,
@@ -161,19 +171,12 @@ class PerTurnMethod(BudgetMethod):
         self.check()
         starts, roles = message_starts, message_roles
         return compress_messages(
-            lm,
-            ids,
-            turns,
-            cache,
-            budget,
-            starts,
-            roles,
-            seed,
-            self.compress_to,
-            on_turn,
-            self.every,
-            self.history_cap(),
+            lm, ids, turns, cache, budget, starts, roles, seed, self.compress_to, on_turn, self.loop()
         )
+
+    def loop(self) -> Loop:
+        """How the method's loop runs: its chunks, cap and recent tokens."""
+        return Loop(self.every, self.history_cap(), self.recent)
 
 
 def capped_methods() -> list[str]:

@@ -8,18 +8,17 @@ from typing import Any, ClassVar
 
 from vkv.compress.attention_matching import AttentionMatchingFit
 from vkv.compress.config import CompressConfig
-from vkv.compress.history import HistoryWork
+from vkv.compress.history import HistoryWork, Loop
 from vkv.compress.hybrid import hybrid_segment
 from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
+from vkv.compress.sequential import FullHistory, VkvRecipe, append_verbatim, compress_virtual_turns
 from vkv.compress.single import span_segment
-from vkv.compress.turn import Turn, chunk_turns, message_turns
+from vkv.compress.turn import Turn, message_turns
 from vkv.compress.work import SpanWork
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
 from vkv.methods.base import PerTurnMethod
-from vkv.methods.turns import loop_stats
 
 
 @dataclass
@@ -90,9 +89,7 @@ class VirtualTokens(PerTurnMethod):
         if recipe.target_source == "oracle":
             history = FullHistory.capture(lm, ids, turns[0].start, turns[-1].end)
         budget = None if recipe.auto_ratio else budget
-        turns = chunk_turns(turns, self.every) if self.every else turns
-        cap = self.history_cap()
-        return compress_virtual_turns(lm, ids, turns, cache, recipe, budget, history, on_turn=on_turn, cap=cap)
+        return _virtual_loop(lm, ids, turns, cache, recipe, budget, history, self.loop(), on_turn=on_turn)
 
     def config(self) -> dict[str, Any]:
         return {**self.settings().to_dict(), **self.loop_config()}
@@ -110,29 +107,29 @@ class VirtualTokens(PerTurnMethod):
 
 
 def _turn_by_turn(work: SpanWork, budget: int | None, recipe: VkvRecipe, method: VirtualTokens) -> SegmentGroup:
-    """The span's messages (per turn), its chunks (every), or the span as one turn, each compressed on the cache the
-    earlier ones left, with targets from the work's full history or from that cache, under the method's cap."""
+    """The span's messages or chunks as the method's loop meets them, or the span as one turn (auto-ratio), each
+    compressed on the cache the earlier ones left, with targets from the work's full history or from that cache."""
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
-    if method.every:
-        turns = chunk_turns(turns, method.every)
-    elif not method.per_turn:
+    loop = method.loop() if method.looped else Loop()
+    if not method.looped:
         turns = [Turn(turns[0].first, turns[-1].last, None, work.start, work.end)]
     history = FullHistory(work.acts, work.kv)
-    segments = compress_virtual_turns(
-        work.lm,
-        work.ids,
-        turns,
-        work.prefix_cache(),
-        recipe,
-        budget,
-        history,
-        work.message_starts,
-        cap=method.history_cap(),
+    segments = _virtual_loop(
+        work.lm, work.ids, turns, work.prefix_cache(), recipe, budget, history, loop, work.message_starts
     )
     seconds = round(sum(s.stats.get("seconds", 0.0) for s in segments), 3)
     stats = {"targets": recipe.target_source, "turns": cache_rows(SplicedCache(segments)), "seconds": seconds}
-    stats.update(loop_stats(segments, method.every, method.history_cap()))
-    return SegmentGroup(segments, stats)
+    return SegmentGroup(segments, {**stats, **loop.stats(segments)})
+
+
+def _virtual_loop(lm, ids, turns, cache, recipe, budget, history, loop: Loop, message_starts=None, on_turn=None):
+    """vkv's turn-by-turn compression of `turns` as `loop` meets them: chunks compressed on the running `cache` under
+    the loop's cap, its recent turns appended verbatim; the segments standing for `turns`."""
+    chunks, kept = loop.split(turns)
+    left = loop.left(budget, chunks, kept)
+    segments = compress_virtual_turns(lm, ids, chunks, cache, recipe, left, history, message_starts, on_turn, loop.cap)
+    append_verbatim(lm, cache, ids, kept)
+    return segments + cache.segments[len(cache.segments) - len(kept) :]
 
 
 @dataclass
