@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from vkv.errors import VkvError
-from vkv.evals.cloze import Cloze, cloze, cloze_correct
+from vkv.evals.cloze import Cloze, cloze, cloze_correct, recall_summary
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
 from vkv.evals.validate import leaks
 from vkv.kv.prefix import KVPrefix
@@ -392,16 +392,6 @@ class TranscriptEval:
             "cloze_correct": cloze_correct(m.cloze_answer, pq.question),
             "recall_counts": cloze_correct(full.cloze_answer, pq.question),
         }
-
-
-def recall_summary(questions: list[dict[str, Any]]) -> dict[str, Any]:
-    """`recall_kept`, the share of the questions counting for recall (the full context completes their cloze) whose
-    cloze this run completes (None when none count), and `recall_questions`, how many count; nothing for records
-    made without clozes (by the settings or before they existed), which say nothing about recall."""
-    if not any("recall_counts" in q for q in questions):
-        return {}
-    counted = [q for q in questions if q.get("recall_counts")]
-    return {"recall_kept": mean(float(q["cloze_correct"]) for q in counted), "recall_questions": len(counted)}
 
 
 def dropped_lines(messages: list, contents: list[str], first: int) -> list[dict[str, Any]]:
