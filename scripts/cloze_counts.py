@@ -41,6 +41,7 @@ WORDINGS = {
     "quote, 160 chars across lines": (cloze_module.REQUEST, 160, True),
     "continue, 160 chars across lines": ("Continue the text.", 160, True),
     "quote, 320 chars across lines": (cloze_module.REQUEST, 320, True),
+    "quote, 640 chars across lines": (cloze_module.REQUEST, 640, True),
 }
 
 
@@ -66,7 +67,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("experiment", help="the experiment file whose model, windows and [eval] settings to use")
     parser.add_argument("transcripts", nargs="*", help="transcripts instead of the experiment's")
-    parser.add_argument("--wordings", action="store_true", help="compare the candidate requests (on dev only)")
+    parser.add_argument(
+        "--wordings",
+        nargs="?",
+        const=",".join(WORDINGS),
+        help="compare these candidate cloze forms, comma-separated (default: all of them; on dev only)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for torch")
     parser.add_argument("--show", action="store_true", help="print every cloze prefix and completion")
     args = parser.parse_args()
@@ -78,13 +84,17 @@ def main() -> int:
     settings = EvalSettings(**{k: v for k, v in experiment.eval.items() if k in EvalSettings.__dataclass_fields__})
     lm = load_model(defaults["model"], quant=defaults.get("quant", "auto"))
     wordings = (
-        WORDINGS if args.wordings else {"eval": (cloze_module.REQUEST, cloze_module.MAX_CHARS, cloze_module.LINES)}
+        {name: WORDINGS[name] for name in args.wordings.split(",")}
+        if args.wordings
+        else {"eval": (cloze_module.REQUEST, cloze_module.MAX_CHARS, cloze_module.LINES)}
     )
     started = time.perf_counter()
     totals: Counter = Counter()
     skipped: Counter = Counter()
     for path in paths:
         transcript = load_transcript(path)
+        if args.wordings and transcript.split != "dev":
+            raise SystemExit(f"{path}: --wordings chooses the cloze form, on dev transcripts only")
         rendered = render(transcript, lm.tokenizer, max_tokens=lm.max_positions)
         for window in select_windows(transcript, rendered, defaults["window"], defaults.get("max_windows")):
             rendered_window = render(window, lm.tokenizer, max_tokens=lm.max_positions)

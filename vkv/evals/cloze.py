@@ -76,10 +76,11 @@ def _occurrences(text: str, accept: tuple[str, ...]) -> list[int]:
 
 
 def _prefix(before: str, accept: tuple[str, ...], max_chars: int) -> str:
-    """The end of `before`: at most `max_chars` characters starting at a word, spaces at its end dropped (a tokenizer
-    writes the space into the keyword's first token), and nothing at or before an accepted keyword, so the prefix
-    never gives the answer away."""
-    before = before.rstrip(" ")
+    """The end of `before`: at most `max_chars` characters starting at a word, without the one space before the
+    keyword (a tokenizer writes it into the keyword's first token; more spaces, as in aligned columns, stay, or the
+    completion would spend its tokens on them), and nothing at or before an accepted keyword, so the prefix never
+    gives the answer away."""
+    before = before.removesuffix(" ")
     tail = before[-max_chars:]
     if len(tail) < len(before) and not before[-max_chars - 1].isspace():
         tail = tail.split(None, 1)[1] if len(tail.split(None, 1)) > 1 else ""  # the cut fell inside a word
