@@ -34,14 +34,22 @@ from vkv.text.transcript import followup, load_transcript, render
 from vkv.text.windows import select_windows
 
 # Cloze forms compared on the dev split (--wordings): (request, prefix characters, prefix across line breaks). A
-# request that repeats the prefix loses: the model copies from its nearest occurrence, the request itself, so both
-# requests here leave it to the answer.
+# request that repeats the prefix loses: the model copies from its nearest occurrence, the request itself, so the
+# later requests leave it to the answer.
 WORDINGS = {
-    "quote, 160 chars of the line": (cloze_module.REQUEST, 160, False),
-    "quote, 160 chars across lines": (cloze_module.REQUEST, 160, True),
-    "continue, 160 chars across lines": ("Continue the text.", 160, True),
-    "quote, 320 chars across lines": (cloze_module.REQUEST, 320, True),
-    "quote, 640 chars across lines": (cloze_module.REQUEST, 640, True),
+    # requests that repeat the prefix ({prefix}): the first round, on one dev session, before the others
+    "quote-repeating-line-60": (
+        "Quote, word for word, the line from this session that begins with: {prefix}",
+        60,
+        False,
+    ),
+    "complete-repeating-line-60": ("Complete this line from earlier in the session, exactly: {prefix}", 60, False),
+    "quote-line-60": (cloze_module.REQUEST, 60, False),
+    "quote-line-160": (cloze_module.REQUEST, 160, False),  # the quote request, 160 chars of the keyword's line
+    "quote-160": (cloze_module.REQUEST, 160, True),  # ... 160 chars reaching into earlier lines
+    "continue-160": ("Continue the text.", 160, True),
+    "quote-320": (cloze_module.REQUEST, 320, True),
+    "quote-640": (cloze_module.REQUEST, 640, True),
 }
 
 
@@ -54,7 +62,7 @@ def full_context(lm, ids: list[int]) -> Context:
 
 
 def completions(lm, context, rendered, window, forms, request: str, settings: EvalSettings) -> list[str]:
-    """Each cloze's greedy completion after `request` (with {prefix}) and its prefix, `settings.batch` at a time."""
+    """Each cloze's greedy completion after `request` (its {prefix}, if any, filled) and its prefix, `settings.batch` at a time."""
     prompts = [followup(lm.tokenizer, rendered, window, request.format(prefix=f.prefix), f.prefix)[0] for f in forms]
     out = []
     for first in range(0, len(prompts), settings.batch):

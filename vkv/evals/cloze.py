@@ -25,8 +25,9 @@ from vkv.text.transcript import Question, Transcript
 # scripts/cloze_counts.py (--wordings), where it gave the most full-context completions (evals/RESULTS.md).
 REQUEST = "Quote that line from the session word for word."
 # How much text before the keyword the prefix holds, and whether it may reach into earlier lines (chosen on the long
-# dev split with the request: a longer prefix singles out its line among similar ones, evals/RESULTS.md).
-MAX_CHARS = 160
+# dev split with the request: a longer prefix singles out its line among similar ones; 640 characters completed no
+# more than 320, evals/RESULTS.md).
+MAX_CHARS = 320
 LINES = True
 
 
