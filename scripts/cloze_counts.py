@@ -39,11 +39,17 @@ from vkv.text.windows import select_windows
 WORDINGS = {
     # requests that repeat the prefix ({prefix}): the first round, on one dev session, before the others
     "quote-repeating-line-60": (
-        "Quote, word for word, the line from this session that begins with: {prefix}",
+        "Quote, word for word, the line from this session that begins with these words: {prefix}",
         60,
         False,
     ),
-    "complete-repeating-line-60": ("Complete this line from earlier in the session, exactly: {prefix}", 60, False),
+    "complete-repeating-line-60": (
+        "Complete this line from earlier in the session, exactly as it was written: {prefix}",
+        60,
+        False,
+    ),
+    "repeat-quoted-line-60": ('Repeat the line from this session that contains the words "{prefix}".', 60, False),
+    "continue-line-60": ("Continue the text.", 60, False),
     "quote-line-60": (cloze_module.REQUEST, 60, False),
     "quote-line-160": (cloze_module.REQUEST, 160, False),  # the quote request, 160 chars of the keyword's line
     "quote-160": (cloze_module.REQUEST, 160, True),  # ... 160 chars reaching into earlier lines
