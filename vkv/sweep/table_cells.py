@@ -34,6 +34,8 @@ COLUMNS = (  # (header, row key, format)
 
 MARKDOWN_ONLY = (
     "ratio_stored",
+    "recall_ci",
+    "recall_questions",
     "run_seconds",
     "final_loss",
 )  # left out of the console table, which must fit a terminal
