@@ -100,8 +100,9 @@ def test_report_writes_tables_pngs_and_markdown(sweep_dir, capsys):
     # achieved, stored, in memory, span KiB (the fixture runs record no bytes in memory), runs, questions, weak
     assert "| vkv pooling=surprisal | 2.0 | 2.00 | — | — | — | 1 | 3 | 0 | 1.000 |" in md
     assert "7 finished runs" in md and "## Failed runs" in md
-    # per transcript: retention of vkv pooling=surprisal at 2× is (1 + 1 + 1) / 3, choice accuracy 1
-    assert "| vkv pooling=surprisal | 2.0 | 1.000 / 1.00 |" in md and "| method | ratio | t |" in md
+    # per transcript: retention of vkv pooling=surprisal at 2× is (1 + 1 + 1) / 3, recall kept not measured (runs
+    # without clozes), choice accuracy 1
+    assert "| vkv pooling=surprisal | 2.0 | 1.000 / — / 1.00 |" in md and "| method | ratio | t |" in md
 
 
 def test_report_names_the_results_lines_it_skips_on_stderr_and_in_the_markdown(sweep_dir, capsys):
@@ -156,8 +157,9 @@ def test_report_vs_prints_and_writes_the_paired_table_and_breakdowns(sweep_dir, 
     assert "paired differences" in printed and "split test" in printed
     md = (sweep_dir / "report" / "report.md").read_text()
     assert "## Paired differences from truncate" in md and "- transcript split: test" in md
-    assert (
-        "| vkv pooling=surprisal | 2.0 | truncate | 3 | 1 | +0.533 [+0.533, +0.533] | +0.667 [+0.667, +0.667] |" in md
+    assert (  # Δ retention, Δ recall kept (— : runs without clozes), Δ choice accuracy
+        "| vkv pooling=surprisal | 2.0 | truncate | 3 | 1 | +0.533 [+0.533, +0.533] | — | +0.667 [+0.667, +0.667] |"
+        in md
     )
     assert "## Retention by distance" in md and "## Retention by question kind" in md
 

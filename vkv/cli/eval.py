@@ -155,6 +155,7 @@ def _print_eval(results: list[dict], rows: list[dict]) -> None:
         "keyword acc",
         "choice acc",
         "retention",
+        "recall kept",
         "fidelity KL",
         "seconds",
     ):
@@ -170,6 +171,7 @@ def _print_eval(results: list[dict], rows: list[dict]) -> None:
             fmt(r["keyword_accuracy"], 2),
             fmt(r["choice_accuracy"], 2),
             fmt(r["mean_retention"]),
+            "—" if r["recall_questions"] is None else f"{fmt(r['recall_kept'])} (of {r['recall_questions']})",
             fmt(r["fidelity_kl"]),
             fmt(r["seconds"], 1),
         )

@@ -29,6 +29,11 @@ def contains_keyword(text: str, keyword: str, in_paths: bool = False) -> bool:
     return _pattern(keyword.strip(), _JOINER_IN_PATHS if in_paths else _JOINER).search(text) is not None
 
 
+def keyword_starts(text: str, keyword: str) -> list[int]:
+    """Offsets in `text` where `keyword` begins as a whole token (as `contains_keyword` matches answers)."""
+    return [m.start() for m in _pattern(keyword.strip(), _JOINER).finditer(text)]
+
+
 def containing_forms(text: str, keyword: str) -> list[str]:
     """The longer names (`argon2-cffi`, `bcrypt.js`) in which `keyword` appears without matching as a token."""
     pattern = re.compile(rf"[\w:./@-]*{re.escape(keyword.strip())}[\w:./@-]*", re.IGNORECASE)

@@ -2,7 +2,8 @@
 
 Every method gets the same `SpanWork` (one full-context forward pass per transcript) and is measured the
 same way: greedy answers (keyword accuracy), log-probabilities of the choices after the answer prefix
-(choice accuracy, retention) and next-token distributions over the question and answer (fidelity KL).
+(choice accuracy, retention), next-token distributions over the question and answer (fidelity KL), and greedy
+completions of each question's cloze form (recall kept, `vkv.evals.cloze`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from vkv.errors import VkvError
+from vkv.evals.cloze import Cloze, cloze, cloze_correct, recall_summary
 from vkv.evals.metrics import keyword_correct, kl_full_to_method, mean, retention
 from vkv.evals.validate import leaks
 from vkv.kv.prefix import KVPrefix
@@ -46,6 +48,11 @@ class EvalSettings:
         "question alone, every choice in its own forward (the reference the side-by-side scoring is checked against)",
         minimum=0,
     )
+    cloze: bool = setting(
+        True,
+        "also complete each question's cloze form (the words before its keyword in the session) greedily and report "
+        "recall kept: the share a method completes of the clozes the full context completes",
+    )
     seed: int = setting(0, cli=False, minimum=0)  # the run's seed (the optimiser's --seed), recorded with the result
 
 
@@ -54,6 +61,8 @@ class PreparedQuestion:
     question: Question
     prompt: list[int]  # question turn + assistant prompt + answer prefix, continuing the conversation
     choices: list[list[int]]  # each choice's ids as it follows the prompt; choices[0] is correct
+    cloze: Cloze | None = None  # its cloze form; None when the settings ask for none
+    cloze_prompt: list[int] | None = None  # the request to quote the line + the cloze prefix, where there is one
 
 
 @dataclass
@@ -62,6 +71,7 @@ class Measurement:
     choice_logprobs: list[float]
     choice_mean_logprobs: list[float]
     fidelity_logp: torch.Tensor  # [positions, vocab]
+    cloze_answer: str | None = None  # the greedy completion of the cloze prefix, where there is one
 
 
 class TranscriptEval:
@@ -92,6 +102,8 @@ class TranscriptEval:
             raise VkvError(
                 f"{leaking[0]}; {len(leaking)} such leak(s), which `vkv validate` lists (--allow-leaks scores them anyway)"
             )
+        # derived once from the transcript as given: a text method's pruned rendering is asked the same clozes
+        self.clozes = {q: cloze(q, transcript) for q in transcript.questions} if self.settings.cloze else {}
         self.questions = [self._prepare(q, self.rendered, transcript) for q in transcript.questions]
         self.measure_references()
 
@@ -116,7 +128,14 @@ class TranscriptEval:
         prompt, text = followup(self.lm.tokenizer, rendered, transcript, q.question, q.answer_prefix)
         options = list(q.choices) or list(q.accept[:1])
         sep = " " if q.answer_prefix and not q.answer_prefix.endswith((" ", "\n")) else ""
-        return PreparedQuestion(q, prompt, [continuation_ids(self.lm.tokenizer, text, sep + c) for c in options])
+        choices = [continuation_ids(self.lm.tokenizer, text, sep + c) for c in options]
+        form = self.clozes.get(q)
+        cloze_prompt = (
+            followup(self.lm.tokenizer, rendered, transcript, form.request, form.prefix)[0]
+            if form and form.usable
+            else None
+        )
+        return PreparedQuestion(q, prompt, choices, form, cloze_prompt)
 
     # ---- building and measuring contexts ------------------------------------------------------
     def splice(self, segments: Segment | list[Segment] | None) -> SplicedCache:
@@ -133,21 +152,31 @@ class TranscriptEval:
         memory = self.memory(context.cache.span_nbytes(self.start, self.end), context.cache.nbytes)
         questions = questions or self.questions
         new_tokens = self.settings.max_new_tokens
+        # each question's cloze rides along with it, answered only (no continuations): one more stream per question
+        # in the same forwards, so its greedy tokens take no decoding steps of their own
         if alone or not self.settings.batch:
             scored = [context.score_alone(pq.prompt, pq.choices, new_tokens) for pq in questions]
+            clozes = [context.score_alone(pq.cloze_prompt, [], new_tokens) for pq in questions if pq.cloze_prompt]
         else:
-            scored = []
+            scored, clozes = [], []
             for first in range(0, len(questions), self.settings.batch):
                 chunk = questions[first : first + self.settings.batch]
-                scored += context.score([(pq.prompt, pq.choices) for pq in chunk], new_tokens)
+                asked = [(pq.prompt, pq.choices) for pq in chunk] + [
+                    (pq.cloze_prompt, []) for pq in chunk if pq.cloze_prompt
+                ]
+                answered = context.score(asked, new_tokens)
+                scored, clozes = scored + answered[: len(chunk)], clozes + answered[len(chunk) :]
+        decode = lambda ids: self.lm.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        completions = iter(clozes)
         results = [
             Measurement(
-                answer=self.lm.tokenizer.decode(s.answer, skip_special_tokens=True),
+                answer=decode(s.answer),
                 choice_logprobs=[float(x.sum()) for x in s.logprobs],
                 choice_mean_logprobs=[float(x.mean()) for x in s.logprobs],
                 fidelity_logp=s.fidelity,
+                cloze_answer=decode(next(completions).answer) if pq.cloze_prompt else None,
             )
-            for s in scored
+            for pq, s in zip(questions, scored)
         ]
         return results, memory
 
@@ -289,6 +318,7 @@ class TranscriptEval:
                 "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
                 "questions": len(questions),
                 "weak_questions": len(questions) - len(usable),
+                **recall_summary(questions),
             },
         }
 
@@ -345,6 +375,22 @@ class TranscriptEval:
             "weak": gap < self.settings.min_gap,
             "retention": _round(retention(lp, lp_none, lp_full)),
             "fidelity_kl": round(kl_full_to_method(full.fidelity_logp, m.fidelity_logp), 5),
+            **self._score_cloze(pq, m, full),
+        }
+
+    def _score_cloze(self, pq: PreparedQuestion, m: Measurement, full: Measurement) -> dict[str, Any]:
+        """The cloze's fields of a question's record (none when the settings ask for no cloze): its prefix, or why it
+        has none, the completion, whether it is correct, and whether the question counts for recall (the full
+        context's completion is correct)."""
+        if pq.cloze is None:
+            return {}
+        if not pq.cloze.usable:
+            return {"cloze_prefix": None, "cloze_skipped": pq.cloze.why, "recall_counts": False}
+        return {
+            "cloze_prefix": pq.cloze.prefix,
+            "cloze_answer": m.cloze_answer,
+            "cloze_correct": cloze_correct(m.cloze_answer, pq.question),
+            "recall_counts": cloze_correct(full.cloze_answer, pq.question),
         }
 
 

@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
+from vkv.evals.cloze import recall_summary
 from vkv.evals.metrics import mean
 from vkv.upgrade import method_label
 
@@ -48,6 +49,10 @@ def aggregate(results: Iterable[dict[str, Any]], by_transcript: bool = True) -> 
                 "choice_accuracy": mean(float(q["choice_correct"]) for q in questions),
                 "mean_retention": mean(q["retention"] for q in usable),
                 "fidelity_kl": mean(q["fidelity_kl"] for q in questions),
+                # None (shown —) where no run measured clozes: runs made before them, or with --no-cloze
+                "recall_kept": None,
+                "recall_questions": None,
+                **recall_summary(questions),
                 "seconds": round(sum(r["seconds"] for r in rs), 2),
             }
         )

@@ -133,7 +133,8 @@ class Context:
     def score(self, questions: Sequence[tuple[list[int], list[list[int]]]], max_new_tokens: int) -> list[Scored]:
         """Each question (prompt, continuations) scored as `score_alone` scores it, all side by side: the prompts in
         one forward, every continuation of every question in another, then the greedy answers a token each per
-        forward, an answer leaving when it ends. Memory grows with the tokens fed, not with the context."""
+        forward, an answer leaving when it ends. Memory grows with the tokens fed, not with the context. A question
+        without continuations is only answered (its fidelity covers its prompt alone)."""
         prompts = [prompt for prompt, _ in questions]
         owner = [i for i, prompt in enumerate(prompts) for _ in prompt]
         with self.scratch():
@@ -216,4 +217,4 @@ def _scored(
 ) -> Scored:
     """A question's Scored from its prompt's log-distributions and each continuation's (`dists`, from `_after`)."""
     logprobs = [d.gather(-1, torch.tensor(c, dtype=torch.long)[:, None])[:, 0] for c, d in zip(continuations, dists)]
-    return Scored(logprobs, torch.cat([prompt_logp, dists[0][1:]]), answer)
+    return Scored(logprobs, torch.cat([prompt_logp, dists[0][1:]]) if dists else prompt_logp, answer)

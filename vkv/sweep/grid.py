@@ -47,8 +47,13 @@ def _renamed(where: str, key: str) -> None:
 def eval_keys() -> dict[str, Any]:
 
     # the seed is the grid's; how many questions are scored side by side changes the speed, not a run's numbers,
-    # so it is no part of a run's identity (sweeps score with the default)
-    return {f.name: getattr(EvalSettings(), f.name) for f in fields(EvalSettings) if f.name not in ("seed", "batch")}
+    # and the cloze adds recall kept without changing another number, so neither is part of a run's identity
+    # (sweeps score with the defaults, and runs made before clozes keep their ids)
+    return {
+        f.name: getattr(EvalSettings(), f.name)
+        for f in fields(EvalSettings)
+        if f.name not in ("seed", "batch", "cloze")
+    }
 
 
 @dataclass

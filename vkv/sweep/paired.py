@@ -12,7 +12,8 @@ from vkv.sweep.variants import REFERENCES, SweepResults, groups, question_values
 def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
     """Every variant's paired difference from the reference `vs` (a variant label, or a method with one variant)
     at the same requested ratio (or the reference's only row, for full/none), on the questions both were scored
-    on: retention (usable questions) and choice accuracy, each with its window-bootstrap interval. `LABEL@RATIO`
+    on: retention (usable questions), recall kept (questions that count for recall) and choice accuracy, each with its
+    window-bootstrap interval. `LABEL@RATIO`
     takes the reference's row at that ratio for every row (an ablation at another ratio: kvzip@10.667)."""
     grouped = groups(results)
     name, at = _reference_ratio(vs)
@@ -38,7 +39,7 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
             continue
         diffs = {
             metric: paired_difference(question_values(group, metric), question_values(reference, metric))
-            for metric in ("retention", "choice_correct")
+            for metric in ("retention", "cloze_correct", "choice_correct")
         }
         out.append(
             {
@@ -46,6 +47,7 @@ def paired(results: SweepResults, vs: str) -> list[dict[str, Any]]:
                 "ratio_requested": ratio,
                 "reference": reference[0]["variant"] + ("" if at is None else f" @{at:g}x"),
                 "retention": diffs["retention"],
+                "recall": diffs["cloze_correct"],
                 "choice": diffs["choice_correct"],
             }
         )

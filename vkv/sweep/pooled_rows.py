@@ -13,7 +13,7 @@ from vkv.sweep.variants import SweepResults, groups, question_values, row_order
 
 def rows(results: SweepResults) -> list[dict[str, Any]]:
     """One row per variant × requested ratio, quality metrics pooled by `aggregate` (as in `vkv eval`), with 95 %
-    intervals for retention, choice and keyword accuracy from a bootstrap over windows."""
+    intervals for retention, recall kept, choice and keyword accuracy from a bootstrap over windows."""
     out = []
     for (variant, _ratio), group in groups(results).items():
         pooled = aggregate([{**g["result"], "method": variant} for g in group], by_transcript=False)[0]
@@ -21,6 +21,7 @@ def rows(results: SweepResults) -> list[dict[str, Any]]:
         retention = window_bootstrap(question_values(group, "retention"))
         choice = window_bootstrap(question_values(group, "choice_correct"))
         keyword = window_bootstrap(question_values(group, "keyword_correct"))
+        recall = window_bootstrap(question_values(group, "cloze_correct"))
         out.append(
             {
                 **pooled,
@@ -32,6 +33,7 @@ def rows(results: SweepResults) -> list[dict[str, Any]]:
                 "retention_ci": (retention.low, retention.high) if retention else None,
                 "choice_ci": (choice.low, choice.high) if choice else None,
                 "keyword_ci": (keyword.low, keyword.high) if keyword else None,
+                "recall_ci": (recall.low, recall.high) if recall else None,
                 "compress_seconds": mean(g["result"]["seconds"] for g in group),
                 "run_seconds": mean(g["wall_seconds"] for g in group),
                 "final_loss": mean(x for x in losses if x is not None),

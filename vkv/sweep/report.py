@@ -48,7 +48,7 @@ def run_report(directory: str | Path, config: ReportConfig | None = None, force:
     config = config or ReportConfig()
     console = Console()
     if not console.is_terminal:  # piped or captured: wide enough for the tables
-        console = Console(width=200)
+        console = Console(width=240)
     results = load(directory)
     for sentence in skipped_sentences(results.skipped):  # on stderr as well as in report.md: never dropped unsaid
         print(f"warning: {sentence}", file=sys.stderr)

@@ -83,6 +83,8 @@ def _markdown_results(table_rows: list[dict]) -> list[str]:
         "`achieved`: span tokens per entry per KV head; `stored`: span tokens per slot its segments "
         "hold (lower when head-wise budgets pad); `in memory`: the span's full K/V bytes over the bytes the decoding "
         "cache holds for its entries (keys, values, biases, per-head offsets), and `span KiB` those bytes per window; "
+        "`recall kept`: of the `recall n` questions whose cloze form (the words before the keyword in the session) "
+        "the full context completes with the keyword, the share this row completes; "
         "— for runs that did not record them.",
         "",
         "| " + " | ".join(h for h, _, _ in COLUMNS) + " |",
@@ -99,10 +101,10 @@ def _markdown_paired(paired_rows: list[dict]) -> list[str]:
         f"## Paired differences from {paired_rows[0]['reference'].split()[0]}",
         "",
         "Method minus reference, question by question on the questions both were scored on, at the same "
-        "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable).",
+        "requested ratio; 95% intervals resample windows. `n.s.`: the interval includes 0 (not separable). Recall "
+        "kept: on the questions whose cloze the full context completes (— for runs made before clozes).",
         "",
-        "| " + " | ".join(PAIRED_COLUMNS) + " |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        *_table_head(["method"], list(PAIRED_COLUMNS[1:])),
     ]
     out += ["| " + " | ".join(paired_cells(r)) + " |" for r in paired_rows]
     windows = [
@@ -199,7 +201,14 @@ def _markdown_plots(images: dict[str, list[str]]) -> list[str]:
 
 def _markdown_per_transcript(results: SweepResults) -> list[str]:
     transcripts, keys, cells = per_transcript(results)
-    out = ["", "## Per transcript", "", "Mean retention / choice accuracy, each transcript's windows pooled.", ""]
+    out = [
+        "",
+        "## Per transcript",
+        "",
+        "Mean retention / recall kept / choice accuracy, each transcript's windows pooled (recall kept — where no "
+        "run measured clozes or none counts for recall).",
+        "",
+    ]
     out += _table_head(["method", "ratio"], transcripts)
     for variant, ratio in keys:
         row = [cells.get((variant, ratio, t)) for t in transcripts]
@@ -208,7 +217,10 @@ def _markdown_per_transcript(results: SweepResults) -> list[str]:
             + " | ".join(
                 "—"
                 if c is None
-                else f"{format_cell(c, 'mean_retention', '.3f')} / {format_cell(c, 'choice_accuracy', '.2f')}"
+                else " / ".join(
+                    format_cell(c, key, fmt)
+                    for key, fmt in (("mean_retention", ".3f"), ("recall_kept", ".3f"), ("choice_accuracy", ".2f"))
+                )
                 for c in row
             )
             + " |"

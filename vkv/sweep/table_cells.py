@@ -21,6 +21,9 @@ COLUMNS = (  # (header, row key, format)
     ("choice 95% CI", "choice_ci", "ci"),
     ("retention", "mean_retention", ".3f"),
     ("retention 95% CI", "retention_ci", "ci"),
+    ("recall kept", "recall_kept", ".3f"),
+    ("recall 95% CI", "recall_ci", "ci"),
+    ("recall n", "recall_questions", "d"),
     ("fidelity KL", "fidelity_kl", ".4f"),
     ("compress s", "compress_seconds", ".1f"),
     ("run s", "run_seconds", ".1f"),
@@ -31,6 +34,8 @@ COLUMNS = (  # (header, row key, format)
 
 MARKDOWN_ONLY = (
     "ratio_stored",
+    "recall_ci",
+    "recall_questions",
     "run_seconds",
     "final_loss",
 )  # left out of the console table, which must fit a terminal
@@ -93,7 +98,16 @@ def _difference(interval) -> str:
     return f"{interval.mean:+.3f} [{interval.low:+.3f}, {interval.high:+.3f}]{mark}"
 
 
-PAIRED_COLUMNS = ("method", "ratio", "vs", "questions", "windows", "Δ retention [95% CI]", "Δ choice acc [95% CI]")
+PAIRED_COLUMNS = (
+    "method",
+    "ratio",
+    "vs",
+    "questions",
+    "windows",
+    "Δ retention [95% CI]",
+    "Δ recall kept [95% CI]",
+    "Δ choice acc [95% CI]",
+)
 
 
 def paired_cells(row: dict) -> list[str]:
@@ -105,6 +119,7 @@ def paired_cells(row: dict) -> list[str]:
         str(ret.questions if ret else 0),
         str(ret.windows if ret else 0),
         _difference(ret),
+        _difference(row.get("recall")),  # None (—) for runs made before clozes
         _difference(row["choice"]),
     ]
 

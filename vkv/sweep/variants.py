@@ -120,12 +120,16 @@ def groups(results: SweepResults) -> dict[tuple[str, float | None], list[dict]]:
 
 
 def question_values(lines: list[dict], metric: str) -> dict[tuple[str, str], float]:
-    """{(window, question id): metric} over these runs, seeds averaged; retention only for usable questions."""
+    """{(window, question id): metric} over these runs, seeds averaged; retention only for usable questions, and
+    `cloze_correct` (recall kept) only for questions that count for recall (the full context completes their cloze;
+    none in runs made before clozes)."""
     per: dict[tuple[str, str], list[float]] = defaultdict(list)
     for line in lines:
         result = line["result"]
         for q in result["questions"]:
             if metric == "retention" and (q["weak"] or q["retention"] is None):
+                continue
+            if metric == "cloze_correct" and not q.get("recall_counts"):
                 continue
             per[(result["transcript"], q["id"])].append(float(q[metric]))
     return {k: sum(v) / len(v) for k, v in per.items()}
