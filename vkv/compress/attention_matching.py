@@ -134,10 +134,11 @@ class AttentionMatchingFit:
         return result.to("cpu"), queries.shape[2]
 
     def refit_history(self, work: HistoryWork, entries: int) -> Segment:
-        """A running cache's history (entries compacted before, with their biases) fitted again to at most `entries`
-        per layer and KV head, each head keeping min(entries, what it holds): the same selection, β and values, on
-        reference queries from a read-out of the history's text on top of the cache before it and the history itself
-        (the repeat source), taken once for every layer (off-policy: the earlier layers are not refitted first)."""
+        """A running cache's history (entries compacted before, with their biases) fitted again to `entries` per KV head
+        on average, split over heads by the fit's head budget (a head keeps at most what it holds): the same selection,
+        β and values, on reference queries from a read-out of the history's text on top of the cache before it and the
+        history itself (the repeat source), taken once for every layer (off-policy: earlier layers are not refitted
+        first)."""
         if self.selection == "omp":
             raise VkvError("am: OMP selection cannot refit entries that already carry biases; use rms or mean")
         history, device = work.history, work.lm.device
@@ -155,7 +156,9 @@ class AttentionMatchingFit:
             stats = row_stats(readout)
         unheld = ~real  # padding slots draw no attention; they must not tie with entries that draw none either
         stats.rms, stats.mean = stats.rms.masked_fill(unheld, -1.0), stats.mean.masked_fill(unheld, -1.0)
-        counts = real.sum(-1).clamp_max(entries)
+        scores = stats.key_scores(self.selection).reshape(layers, kv_heads, slots)
+        counts, _ = head_counts(scores, min(entries, slots), self.head_budget, self.head_cap)
+        counts = torch.minimum(counts.reshape(-1).to(real.device), real.sum(-1))
         options = (self.selection, self.bias, self.values, self.ridge, None, self.omp_step, stats)
         with stage("fit", device):
             result = compact_rows(readout, counts, *options).to("cpu")

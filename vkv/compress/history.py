@@ -1,8 +1,9 @@
-"""A running cache under a cap: at most `cap` entries per layer and KV head for the compressed history, however long
-the conversation grows. When a new chunk's segment takes some head past the cap, the loop's segments (older ones and
-the new one) are compacted again, by the method's own rule, into one segment that fits (`HistoryCap.hold`); what a
-method is given for that is a `HistoryWork`: the history's entries as one set per head (`History`), the cache before
-it, the text the history stands for, and the newest chunk as the model read it."""
+"""A running cache under a cap: at most `cap` entries per KV head for the compressed history (on average over layers
+and heads, as a ratio counts them: the decoding cache's memory), however long the conversation grows. When a new
+chunk's segment takes the history past the cap, the loop's segments (older ones and the new one) are compacted again,
+by the method's own rule and its own split of the budget over heads, into one segment that fits (`HistoryCap.hold`);
+what a method is given for that is a `HistoryWork`: the history's entries as one set per head (`History`), the cache
+before it, the text the history stands for, and the newest chunk as the model read it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vkv.compress.head_budget import HeadBudget, per_head_index
 from vkv.compress.turn import Turn, TurnView, chunk_turns, split_recent
 from vkv.compress.work import Reusing
 from vkv.errors import VkvError
@@ -144,26 +146,26 @@ class HistoryWork(Reusing):
 
 @dataclass
 class HistoryCap:
-    """At most `entries` entries per layer and KV head for the loop's segments; `compact(work, entries)` is the
-    method's rule for compacting its history again (a segment with at most `entries` in every head)."""
+    """At most `entries` entries per KV head on average for the loop's segments; `compact(work, entries)` is the
+    method's rule for compacting its history again (a segment of at most `entries` per KV head on average)."""
 
     entries: int
     compact: Callable[[HistoryWork, int], Segment]
 
     def hold(self, lm: FrozenLM, ids: list[int], cache: SplicedCache, first: int, recent: TurnView, seed: int) -> int:
         """Compact the compressed history (the segments from the first compressed one, or from the loop's `first`
-        if earlier) into one segment in place when some head holds more than the cap; the cache before them and its
-        next position do not change. Returns the index of the history's first segment."""
+        if earlier) into one segment in place when they hold more than the cap; the cache before them and its next
+        position do not change. Returns the index of the history's first segment."""
         first = min([first] + [i for i, s in enumerate(cache.segments) if s.compressed][:1])
         loop = cache.segments[first:]
-        held = most_entries_per_head(loop)
+        held = sum(s.real_entries for s in loop)
         if held <= self.entries:
             return first
         before = SplicedCache(cache.segments[:first], loop[0].span[0])
         segment = self.compact(HistoryWork(lm, ids, before, History.of(loop), recent, seed), self.entries)
-        kept = most_entries_per_head([segment])
-        if kept > self.entries:
-            raise VkvError(f"compacting the history kept {kept} entries in a head, over the cap of {self.entries}")
+        if segment.real_entries > self.entries + 1e-6:
+            raise VkvError(f"compacting the history kept {segment.real_entries:g} entries per head, over the cap")
+        held = round(held, 2)
         segment.stats = {**segment.stats, "recompacted": len(loop), "entries_before": held, "cap": self.entries}
         cache.segments[first:] = [segment]
         return first
@@ -197,22 +199,33 @@ class Loop:
         return budget - verbatim
 
     def stats(self, segments: list[Segment]) -> dict:
-        """What a run records of its loop: the chunk size, the recent tokens, the cap and the most entries a head
-        holds at the end."""
+        """What a run records of its loop: the chunk size, the recent tokens, the cap, and at the end the entries per
+        head on average and the most any head holds."""
         stats = {k: v for k, v in (("every", self.every), ("recent", self.recent)) if v}
         if self.cap is not None:
-            stats.update(cap=self.cap.entries, max_entries_per_head=most_entries_per_head(segments))
+            held = round(sum(s.real_entries for s in segments), 2)
+            most = most_entries_per_head(segments)
+            stats.update(cap=self.cap.entries, entries_per_head=held, max_entries_per_head=most)
         return stats
 
 
-def best_per_head(scores: torch.Tensor, real: torch.Tensor, entries: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each head's best `entries` slots (all its entries when it holds fewer) by `scores` `[layers, kv_heads, slots]`,
-    among the `real` ones → (`index` `[layers, kv_heads, t]`, real ones first in slot order, padding repeating the
-    head's first; `real` `[layers, kv_heads, t]`)."""
-    counts = real.sum(-1).clamp_max(entries)
-    t = int(counts.max())
-    ranked = scores.float().masked_fill(~real, float("-inf")).topk(t, dim=-1).indices
-    kept = torch.arange(t) < counts[..., None]
+def best_entries(
+    scores: torch.Tensor, real: torch.Tensor, entries: int, rule: HeadBudget | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The history's best slots by `scores` `[layers, kv_heads, slots]` among the `real` ones, `entries` per head on
+    average split over heads by `rule` (compress/head_budget.py; a head keeps at most what it holds, so a rule that
+    keeps each head's own count may keep fewer) → (`index` `[layers, kv_heads, t]`, real ones first in slot order,
+    padding repeating the head's first; `real` `[layers, kv_heads, t]`)."""
+    rule = HeadBudget.of(rule)
     slots = scores.shape[-1]
-    order = torch.where(kept, ranked, ranked + slots).sort(-1).values
-    return torch.where(kept, order, order[..., :1]), kept
+    masked = scores.float().masked_fill(~real, float("-inf"))
+    if rule.moves_entries:
+        index, kept = per_head_index(masked, min(entries, slots), rule)
+        kept = kept & real.gather(-1, index)  # a head's floor may reach past what it holds
+    else:  # each head its own best: once heads hold their own entries, "the same tokens in every head" means nothing
+        index = masked.topk(min(entries, slots), dim=-1).indices
+        kept = real.gather(-1, index)
+    order = torch.where(kept, index, index + slots).sort(-1).values
+    t = max(int(kept.sum(-1).max()), 1)
+    index, kept = order[..., :t], (order < slots)[..., :t]
+    return torch.where(kept, index, index[..., :1]), kept

@@ -134,23 +134,26 @@ def storage(path: str | Path, header: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def entries_per_head(path: str | Path, header: dict[str, Any], trust_foreign: bool = False) -> dict[str, int]:
-    """The most entries any layer's KV head holds in the file (`max_entries_per_head`) and in its compressed segments
-    alone (`compressed_max_entries_per_head`: what a running cache's cap bounds), counted from the stored masks (a file
-    of embeddings holds every slot in every head)."""
+def entries_per_head(path: str | Path, header: dict[str, Any], trust_foreign: bool = False) -> dict[str, float]:
+    """The compressed segments' entries per KV head on average (`compressed_entries_per_head`: what a ratio and a
+    running cache's cap count), and the most entries any layer's KV head holds in the whole file and in its compressed
+    segments (`max_entries_per_head`, `compressed_max_entries_per_head`: what a padded layout needs), counted from the
+    stored masks (a file of embeddings holds every slot in every head)."""
     if header.get("store", "kv") == "kv":
         segments = read_cache(path, trust_foreign=trust_foreign).segments
-        whole, compressed = (
-            most_entries_per_head(segments),
-            most_entries_per_head([s for s in segments if s.compressed]),
-        )
+        compressed = [s for s in segments if s.compressed]
+        mean = sum(s.real_entries for s in compressed)
+        whole, most = most_entries_per_head(segments), most_entries_per_head(compressed)
     else:
         rows = header.get("segments", [])
-        whole = sum(r["entries"] for r in rows)
-        compressed = sum(
-            r["entries"] for r in rows if r["kind"] != "verbatim" or r["entries"] < r["span"][1] - r["span"][0]
-        )
-    return {"max_entries_per_head": whole, "compressed_max_entries_per_head": compressed}
+        squeezed = [r for r in rows if r["kind"] != "verbatim" or r["entries"] < r["span"][1] - r["span"][0]]
+        whole, most = sum(r["entries"] for r in rows), sum(r["entries"] for r in squeezed)
+        mean = most
+    return {
+        "compressed_entries_per_head": round(mean, 2),
+        "max_entries_per_head": whole,
+        "compressed_max_entries_per_head": most,
+    }
 
 
 def report_table(rows: list[dict[str, Any]], title: str = "compression report"):

@@ -101,8 +101,8 @@ class PerTurnMethod(BudgetMethod):
     )
     cap: int = setting(
         0,
-        "entries per layer and KV head the compressed history never exceeds: when a message or chunk would take a "
-        "head past it, the history is compacted again (needs per_turn or every; 0: no cap)",
+        "entries per KV head (on average, as a ratio counts them) the compressed history never exceeds: when a "
+        "message or chunk would take it past, the history is compacted again (needs per_turn or every; 0: no cap)",
         minimum=0,
     )
     recent: int = setting(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import HeadBudget, head_budget_setting
-from vkv.compress.history import HistoryWork, best_per_head
+from vkv.compress.history import HistoryWork, best_entries
 from vkv.compress.reconstruction import chunk_setting, normalisation_setting, reconstruction_scores
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
@@ -30,6 +30,6 @@ class KVzip(ScorerMethod):
 
     def compact_history(self, work: HistoryWork, entries: int) -> Segment:
         """Re-scores the history's entries by a read-out of its text on top of them (the pass's own scores, over the
-        whole context) and keeps each head's best `entries`."""
+        whole context) and keeps the best, `entries` per head on average split by its head budget."""
         scores = reconstruction_scores(work, self.chunk, "context")
-        return work.history.keep(*best_per_head(scores, work.history.real, entries))
+        return work.history.keep(*best_entries(scores, work.history.real, entries, self.head_budget))

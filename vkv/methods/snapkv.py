@@ -3,7 +3,7 @@ from dataclasses import dataclass
 import torch
 
 from vkv.compress.head_budget import HeadBudget, head_budget_setting
-from vkv.compress.history import HistoryWork, best_per_head
+from vkv.compress.history import HistoryWork, best_entries
 from vkv.compress.work import SpanWork
 from vkv.kv.segment import Segment
 from vkv.methods.eviction import ScorerMethod
@@ -40,6 +40,6 @@ class SnapKV(ScorerMethod):
     def compact_history(self, work: HistoryWork, entries: int) -> Segment:
         """Re-scores the history's entries by the attention of the newest chunk's last `window` tokens (the
         observation window as it stands now; no pooling, since a head's neighbouring slots need not be neighbouring
-        tokens) and keeps each head's best `entries`."""
+        tokens) and keeps the best, `entries` per head on average split by its head budget."""
         scores = work.recent_attention(min(int(self.window), work.recent.acts.length))
-        return work.history.keep(*best_per_head(scores, work.history.real, entries))
+        return work.history.keep(*best_entries(scores, work.history.real, entries, self.head_budget))
