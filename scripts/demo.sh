@@ -32,8 +32,9 @@ What the numbers mean ($SECONDS s after setup; the tables' full rows: $OUT/eval.
   retention = (log p_method - log p_none) / (log p_full - log p_none) of the correct answer, the share of the
   window's evidence the method keeps (1: all of it; 0: as if the window were gone; above 1 or below 0 happens);
   choice acc: the correct choice is the most likely of the question's choices; keyword acc: the greedy answer names
-  an accepted keyword; fidelity KL: KL(full || method) over the question and answer (0: same predictions as full);
-  seconds: the compression's wall time.
+  an accepted keyword; recall kept: of the facts the model quotes with the full window (a cloze of the line that
+  states each), the share it still quotes (of N: how many it quotes with the full window); fidelity KL: KL(full ||
+  method) over the question and answer (0: same predictions as full); seconds: the compression's wall time.
 - One window of 6 questions is a smoke test, not a result: evals/RESULTS.md and the README's results table rest on
   the test split's whole sessions with bootstrap intervals.
 EOF
