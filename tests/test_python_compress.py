@@ -106,7 +106,9 @@ def test_every_kv_method_scores_through_the_plain_model_as_vkv_eval_scores_it(ev
 
 
 def test_options_a_method_lacks_are_refused_naming_its_options(tiny_llama, transcript):
-    with pytest.raises(VkvError, match="no option steps; its options are per_turn, every, cap, recent, mass, head_budget"):
+    with pytest.raises(
+        VkvError, match="no option steps; its options are per_turn, every, cap, recent, mass, head_budget"
+    ):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="knorm", steps=3)
     with pytest.raises(VkvError, match="unknown method 'zip'; vkv.compress supports full, none"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="zip")
@@ -120,7 +122,9 @@ def test_vkv_modes_are_its_fields_and_the_earlier_mode_methods_are_refused(tiny_
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="sequential")
     with pytest.raises(VkvError, match=r"^method 'hybrid' was renamed: it is method 'vkv' with verbatim='shared'$"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="hybrid")
-    with pytest.raises(VkvError, match="method 'vkv' has no option steps; its options are per_turn, every, cap, recent, recipe"):
+    with pytest.raises(
+        VkvError, match="method 'vkv' has no option steps; its options are per_turn, every, cap, recent, recipe"
+    ):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", steps=3)
     with pytest.raises(VkvError, match="field per_turn: expected bool, got 'yes'"):
         vkv.compress(tiny_llama.model, tiny_llama.tokenizer, transcript, method="vkv", per_turn="yes")
