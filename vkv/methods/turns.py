@@ -25,10 +25,7 @@ def compress_per_turn(work: SpanWork, budget: int, method) -> SegmentGroup:
     earlier ones left, as `method.loop()` says; they share `budget` entries."""
     turns = message_turns(work.message_starts, work.message_roles, work.start, work.end)
     starts, roles, loop = work.message_starts, work.message_roles, method.loop()
-    cache = work.prefix_cache()
-    segments = compress_messages(
-        work.lm, work.ids, turns, cache, budget, starts, roles, work.seed, method.compress_to, None, loop
-    )
+    segments = method.compress_messages(work.lm, work.ids, turns, work.prefix_cache(), budget, starts, roles, work.seed)
     chunks, _ = loop.split(turns)
     return SegmentGroup(segments, {"per_turn": True, "turns": len(chunks), **loop.stats(segments)})
 
