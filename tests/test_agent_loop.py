@@ -16,7 +16,7 @@ from vkv.compress.compaction import SpanReadout, row_stats
 from vkv.compress.config import CompressConfig
 from vkv.compress.history import History
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.compress.turn import Turn, chunk_turns, message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval

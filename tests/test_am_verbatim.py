@@ -16,8 +16,9 @@ from vkv.compress.compaction import Compaction
 from vkv.compress.config import CompressConfig
 from vkv.compress.head_hybrid import HeadSplit, Verbatim
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import FullHistory, VkvRecipe
-from vkv.compress.single import compress_span
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.sequential import FullHistory
+from vkv.compress.span import compress_span
 from vkv.compress.turn import message_turns, view_on_cache
 from vkv.compress.work import TurnWork
 from vkv.errors import VkvError

@@ -12,8 +12,8 @@ from vkv.compress.kv_loss import layer_losses
 from vkv.compress.optimise import OptimConfig, optimise
 from vkv.compress.pooling import block_weights, partition
 from vkv.compress.positions import virtual_positions
-from vkv.compress.sequential import VkvRecipe
-from vkv.compress.single import compress_span
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.span import compress_span
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix

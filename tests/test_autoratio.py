@@ -10,7 +10,8 @@ from vkv.compress.budget import entries_at
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_weights
-from vkv.compress.sequential import FullHistory, VkvRecipe
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.sequential import FullHistory
 from vkv.compress.targets import build_targets
 from vkv.errors import VkvError
 from vkv.kv.segment import Segment

@@ -9,8 +9,8 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import block_mass, partition, partition_by_mass
-from vkv.compress.sequential import VkvRecipe
-from vkv.compress.single import compress_span
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.span import compress_span
 from vkv.errors import VkvError
 from vkv.lm.capture import capture_span
 from vkv.methods import get_method

@@ -39,7 +39,7 @@ def test_chat_from_a_pipe_answers_saves_and_resumes(smol, monkeypatch, capsys, t
 def test_chat_continues_a_compressed_transcripts_cache(smol, tmp_path, monkeypatch, capsys):
     from vkv.compress.config import CompressConfig
     from vkv.compress.optimise import OptimConfig
-    from vkv.compress.single import compress_transcript
+    from vkv.compress.span import compress_transcript
     from vkv.kv.file import save_cache
     from vkv.text.transcript import load_transcript
 

@@ -25,7 +25,7 @@ from vkv.cli.prune import PruneConfig
 from vkv.cli.render import RenderConfig
 from vkv.cli.tools import DoctorConfig
 from vkv.cli.validate import ValidateConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.evals.runner import EvalSettings
 from vkv.methods import METHODS
 from vkv.settings import from_args, nested, setting

@@ -6,7 +6,7 @@ import torch
 from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress_transcript
+from vkv.compress.span import compress_transcript
 from vkv.lm.context import Context
 from vkv.text.transcript import load_transcript
 

@@ -7,7 +7,7 @@ import torch
 
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress_span
+from vkv.compress.span import compress_span
 from vkv.errors import VkvError
 from vkv.kv.file import _pack_bits, _unpack_bits, cache_metadata, save_cache
 from vkv.kv.prefix import KVPrefix

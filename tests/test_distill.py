@@ -9,7 +9,7 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.distill import DistillConfig, build_probes, distill, summary_request_ids
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.reconstruction import read_out_feeds
-from vkv.compress.single import compress_span
+from vkv.compress.span import compress_span
 from vkv.errors import VkvError
 from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix

@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress_transcript
+from vkv.compress.span import compress_transcript
 from vkv.errors import VkvError
 from vkv.kv.file import read_header, save_cache
 from vkv.kv.segment import Segment
@@ -74,7 +74,7 @@ def test_rebuilt_kv_equal_the_kv_file(smol, caches):
 
 def test_sequential_segments_rebuild_on_the_biased_cache_before_them(smol, caches, tmp_path):
     from vkv.api.compress import compress_with
-    from vkv.compress.sequential import VkvRecipe
+    from vkv.compress.recipe import VkvRecipe
     from vkv.methods import get_method
 
     plan = VkvRecipe(CompressConfig(verbatim_share=0.0, optim=OptimConfig(steps=1)), target_source="online")

@@ -10,7 +10,7 @@ from tests.conftest import bundled_transcripts
 from vkv.cli import main
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.evals.validate import check_static
 from vkv.methods import METHODS, get_method

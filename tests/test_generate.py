@@ -7,7 +7,7 @@ from transformers import TextStreamer
 from tests.conftest import FIXTURES
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress_span
+from vkv.compress.span import compress_span
 from vkv.errors import VkvError
 from vkv.lm.context import Context
 from vkv.lm.generate import generate
@@ -80,7 +80,7 @@ def test_a_cache_from_another_model_is_refused(tiny_llama, caches):
 
 @pytest.mark.integration
 def test_generate_on_a_loaded_cache_file_matches_vkv_ask(smol, tmp_path):
-    from vkv.compress.single import compress_transcript
+    from vkv.compress.span import compress_transcript
     from vkv.kv.file import save_cache
     from vkv.lm.rebuild import load_cache
     from vkv.text.transcript import followup

@@ -13,13 +13,14 @@ from vkv.compress.budget import allocate
 from vkv.compress.config import DEFAULT_VERBATIM_SHARE, DEFAULT_VERBATIM_SOURCE, DEFAULT_VIRTUAL_OFFSET, CompressConfig
 from vkv.compress.head_budget import ADAKV_SAFEGUARD, mask_per_head, per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
-from vkv.compress.hybrid import HybridConfig, HybridRecipe, choose_verbatim, hybrid_segment, verbatim_share
+from vkv.compress.hybrid import HybridConfig, HybridRecipe, choose_verbatim, verbatim_share
 from vkv.compress.optimise import OptimConfig
 from vkv.compress.pooling import Blocks
 from vkv.compress.problem import SpanProblem
+from vkv.compress.recipe import VkvRecipe
 from vkv.compress.reconstruction import ReconstructionPass
-from vkv.compress.sequential import FullHistory, VkvRecipe, compress_virtual_turns
-from vkv.compress.single import compress_span
+from vkv.compress.sequential import FullHistory, compress_virtual_turns
+from vkv.compress.span import compress_span
 from vkv.compress.turn import message_turns
 from vkv.compress.work import SpanWork, TurnWork
 from vkv.errors import VkvError
@@ -490,10 +491,14 @@ def test_default_recipe_keeps_a_per_head_verbatim_share_where_the_recipe_allows_
     assert CompressConfig(proportional_attention=True).validate().proportional_attention is True
     assert HybridRecipe().validate().verbatim_share == 0.0  # the turn-level hybrid keeps its own verbatim tokens
     assert VkvRecipe(verbatim="shared").validate().compress.verbatim_share == 0.0
-    with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
+    with pytest.raises(
+        VkvError, match="field verbatim_share: verbatim shared keeps one set of tokens .* shared.per-head"
+    ):
         VkvRecipe(CompressConfig(verbatim_share=0.5), verbatim="shared").validate()  # before any work
-    with pytest.raises(VkvError, match="field verbatim_share: per-turn verbatim keeps its own verbatim tokens"):
-        hybrid_segment(None, [], None, None, None, 1, CompressConfig(verbatim_share=0.5), HybridConfig())
+    both = VkvRecipe(CompressConfig(verbatim_share=0.5), verbatim="shared+per-head").validate()
+    assert (both.compress.verbatim_share, both.compress.verbatim_source) == (0.5, "kvzip")  # am's fit: whole spans
+    with pytest.raises(VkvError, match="field verbatim_source: am's compaction beside shared verbatim tokens"):
+        VkvRecipe(CompressConfig(verbatim_source="am"), verbatim="shared+per-head").validate()
     with pytest.raises(VkvError, match="field proportional_attention: expected bool or None, got 'yes'"):
         CompressConfig(proportional_attention="yes").validate()
     with pytest.raises(VkvError, match="field verbatim_share: expected float or None, got True"):
@@ -520,7 +525,7 @@ def test_per_head_hybrid_per_turn_ranks_each_turn_by_its_reconstruction_pass_on_
     compress = CompressConfig(
         head_budget="uniform", verbatim_share=0.5, verbatim_source="kvzip", oversample=2.0, optim=OptimConfig(steps=1)
     )
-    config = VkvRecipe(compress=compress, target_source="online")
+    config = VkvRecipe(compress=compress, target_source="online").validate()
     history = FullHistory(work.acts, work.kv)
     budget = work.budget(3.0)
     segments = compress_virtual_turns(

@@ -10,7 +10,7 @@ from vkv.api.session import Session
 from vkv.compress.config import CompressConfig
 from vkv.compress.hybrid import HybridConfig, ShortTurnWarning, keep_scores, v_uniqueness, verbatim_share
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.lm.capture import Activations
@@ -160,3 +160,25 @@ def test_vkv_eval_with_a_shared_verbatim_part_runs_it_end_to_end(mini_transcript
     (result,) = json.loads(out.read_text())
     assert result["method"] == "vkv" and result["config"]["verbatim"] == "shared"
     assert result["config"]["shared"]["fraction"] == 0.1 and result["config"]["per_turn"] is False
+
+
+def test_shared_and_per_head_verbatim_parts_combine(evaluation):
+    """`verbatim shared+per-head`: every head holds the shared tokens' own K/V at bias 0, then its own share among the
+    rest (kvzip's choice) and virtual tokens for what is left: one compact segment that meets the budget per head."""
+    work = evaluation.work
+    recipe = VkvRecipe(CompressConfig(verbatim_share=0.5, optim=OptimConfig(steps=2)), "shared+per-head")
+    segment = get_method("vkv", recipe=recipe).compress(work, 2.0)
+    budget, shared = work.budget(2.0), segment.stats["verbatim_positions"]
+    assert segment.kind == "compact" and len(shared) == segment.stats["verbatim_kept"] > 0
+    assert segment.stats["verbatim_per_head"] == round(0.5 * segment.stats["virtual_entries"])
+    assert segment.real_entries == pytest.approx(budget, abs=1.0)  # shared + own + virtual, per head on average
+    for layer in range(work.lm.spec.num_layers):
+        for head in range(work.lm.spec.num_kv_heads):
+            held = torch.isfinite(segment.bias[layer, head])
+            keys, bias = segment.keys[layer, head][held], segment.bias[layer, head][held]
+            own = work.kv.keys[layer][0, head][shared].float()  # the shared tokens' full-context keys
+            match = (keys[None] == own[:, None]).all(-1)  # [shared, held]
+            assert bool(match.any(-1).all()), "every head holds every shared token"
+            assert torch.all(bias[match.any(0)] == 0)  # a verbatim token stands for itself
+    with pytest.raises(VkvError, match="am's compaction beside shared verbatim tokens is not implemented"):
+        get_method("vkv", recipe=VkvRecipe(CompressConfig(verbatim_source="am"), "shared+per-head")).compress(work, 2)

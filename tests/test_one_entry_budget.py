@@ -17,8 +17,8 @@ from vkv.compress.config import CompressConfig
 from vkv.compress.head_budget import per_head_index
 from vkv.compress.head_hybrid import HeadSplit, reached
 from vkv.compress.optimise import OptimConfig
+from vkv.compress.recipe import VkvRecipe
 from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.sequential import VkvRecipe
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.kv.report import report_totals
 from vkv.kv.segment import Segment

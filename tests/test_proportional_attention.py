@@ -11,7 +11,7 @@ import torch
 from tests.conftest import FIXTURES, shared_mass
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.single import compress_span
+from vkv.compress.span import compress_span
 from vkv.errors import VkvError
 from vkv.kv.file import save_cache
 from vkv.kv.prefix import KVPrefix

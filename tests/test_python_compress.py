@@ -13,7 +13,7 @@ from tests.conftest import FIXTURES, build_tiny
 from vkv.api.compress import _kv_method
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval
 from vkv.methods import METHODS, get_method

@@ -12,7 +12,7 @@ from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.budget import allocate, span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.optimise import OptimConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.compress.turn import message_turns
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings, TranscriptEval

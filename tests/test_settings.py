@@ -9,7 +9,7 @@ import pytest
 
 from vkv.cli import build_parser, recipe_from_args
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.settings import check_value, flat_settings, from_dict, from_flat
 from vkv.sweep.grid import build_method, expand, load_experiment

@@ -11,7 +11,7 @@ from vkv import upgrade
 from vkv.cli import main
 from vkv.cli.method_flags import method_class
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.methods import METHODS, get_method
 

@@ -23,7 +23,7 @@ import torch
 from vkv import upgrade
 from vkv.api.session import is_turn_range
 from vkv.compress.budget import DEFAULT_METHOD, span_budget
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, transcript_record

@@ -25,7 +25,8 @@ from typing import Any
 from vkv import upgrade
 from vkv.compress.autoratio import segment_loss
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
-from vkv.compress.sequential import VkvRecipe, append_verbatim
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.sequential import append_verbatim
 from vkv.compress.turn import Turn
 from vkv.errors import VkvError
 from vkv.kv.file import cache_metadata, save_cache, trusted_header

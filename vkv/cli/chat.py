@@ -25,7 +25,7 @@ from vkv.cli.common import ModelConfig, console, load_model_from, recorded_trans
 from vkv.cli.compress import kv_methods
 from vkv.cli.method_flags import add_recipe_args, recipe_flags_given, recipe_from_args
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.kv.file import trusted_header
 from vkv.lm.load import resolve_model_path

@@ -19,8 +19,8 @@ from vkv.cli.method_flags import (
     refuse_unused_recipe_flags,
 )
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
-from vkv.compress.sequential import VkvRecipe
-from vkv.compress.single import render_within_positions
+from vkv.compress.recipe import VkvRecipe
+from vkv.compress.span import render_within_positions
 from vkv.errors import VkvError
 from vkv.kv.file import STORES, read_header, save_cache
 from vkv.kv.report import report_rows, report_table, storage
@@ -174,11 +174,11 @@ def check_store(store: str, method) -> None:
     if method.recipe_class is not VkvRecipe:
         raise VkvError(f"--store embeddings is for vkv's virtual tokens (--method vkv), not method '{method.name}'")
     recipe = method.settings()
-    if recipe.verbatim == "shared":
+    if recipe.shared_tokens:
         raise VkvError(
-            "--store embeddings cannot hold --verbatim shared segments, whose kept tokens' K/V saw the whole span"
+            f"--store embeddings cannot hold --verbatim {recipe.verbatim} segments, whose kept tokens' K/V saw the whole span"
         )
-    if recipe.verbatim == "per-head":
+    if recipe.per_head:
         raise VkvError(
             f"--store embeddings cannot hold segments with a per-head verbatim share (--verbatim-share "
             f"{recipe.compress.verbatim_share:g}, the default recipe's): each head keeps its own entries, which no "

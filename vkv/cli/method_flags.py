@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.methods import METHODS
 from vkv.settings import Setting, add_arguments, bounded, flat_settings, from_flat, text_type
@@ -146,8 +146,10 @@ def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
             raise VkvError(
                 f"{s.flag}: none of the methods {', '.join(c.name for c in classes)} takes it (vkv's recipe does)"
             )
-        if s.path[0] == "shared" and getattr(args, "verbatim", None) != "shared":
-            raise VkvError(f"{s.flag}: it sets the shared verbatim part, which only --verbatim shared keeps")
+        if s.path[0] == "shared" and not VkvRecipe(verbatim=getattr(args, "verbatim", None)).shared_tokens:
+            raise VkvError(
+                f"{s.flag}: it sets the shared verbatim part, which only --verbatim shared (or shared+per-head) keeps"
+            )
         if s.key == "target_source" and not (getattr(args, "per_turn", None) or getattr(args, "auto_ratio", None)):
             raise VkvError(f"{s.flag}: it sets the targets of a run turn by turn (--per-turn or --auto-ratio)")
 

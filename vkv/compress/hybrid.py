@@ -31,10 +31,8 @@ from typing import ClassVar
 import torch
 
 from vkv.compress.config import CompressConfig
-from vkv.compress.optimise import optimise
 from vkv.compress.pooling import surprisal_scores
-from vkv.compress.problem import SpanProblem
-from vkv.compress.single import virtual_part
+from vkv.compress.single import virtual_segment
 from vkv.compress.targets import target_kind
 from vkv.errors import VkvError
 from vkv.kv.prefix import KVPrefix
@@ -68,24 +66,19 @@ class HybridConfig(Config):
 
 @dataclass
 class HybridRecipe(CompressConfig):
-    """The recipe of a turn-level hybrid's virtual part: it keeps its own verbatim tokens for every head, so by default
-    no per-head verbatim share (one asked for is refused, naming the field)."""
+    """The recipe of the virtual part beside shared verbatim tokens alone (`verbatim shared`): no per-head verbatim
+    share by default, and one asked for is refused, naming the field and the mode that keeps both."""
 
     head_verbatim: ClassVar[bool] = False
 
     def validate(self) -> CompressConfig:
-        return without_head_verbatim(super().validate())
-
-
-def without_head_verbatim(compress: CompressConfig) -> CompressConfig:
-    """`compress` (validated) as the virtual part of a turn-level hybrid takes it: refused, naming the field, when it
-    keeps a per-head verbatim share too."""
-    if compress.verbatim_share:
-        raise VkvError(
-            "field verbatim_share: per-turn verbatim keeps its own verbatim tokens for every head (--verbatim-*); "
-            "set verbatim_share (per-head verbatim) to 0, or use it without per-turn verbatim"
-        )
-    return compress
+        compress = super().validate()
+        if compress.verbatim_share:
+            raise VkvError(
+                "field verbatim_share: verbatim shared keeps one set of tokens for every head (--verbatim-fraction); "
+                "give verbatim shared+per-head to keep each head's own share beside them, or verbatim_share 0"
+            )
+        return compress
 
 
 # ---- which tokens stay verbatim -------------------------------------------------------------------
@@ -160,11 +153,10 @@ def hybrid_segment(
     token_scores: torch.Tensor | None = None,
 ) -> Segment:
     """`budget` entries for ids[acts.start:acts.end]: kept tokens' real K/V (`span_kv` holds the span's own
-    K/V, `[1, kv_heads, span, head_dim]` per layer) plus virtual tokens for the rest, sorted by position;
-    `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's tokens, when the
-    recipe ranks the heads' shares by it."""
-    config.validate()
-    compress = without_head_verbatim(compress.validate())
+    K/V, `[1, kv_heads, span, head_dim]` per layer) plus, for the rest, virtual tokens optimised on top of the prefix
+    and the kept entries (`virtual_segment`, with each head's own share among the rest when `compress` keeps one),
+    sorted by position; `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's
+    tokens, when the recipe ranks the heads' shares by it. `compress`, `config`: validated."""
     if not target_kind(compress.target).order_free:
         raise VkvError(
             f"hybrid compression pools the remaining tokens out of order, so it supports targets "
@@ -181,23 +173,15 @@ def hybrid_segment(
             stacklevel=2,
         )
     kept = choose_verbatim(acts, share, config)
-    rest = _complement(kept, end - start)
     kept_kv = span_kv.select(kept)
-    context = prefix.cat(kept_kv)
-    virtual = _virtual_part(
-        lm, ids, acts, rest, share.virtual, context, compress, message_starts, on_step, token_scores
-    )
+    virtual = virtual_segment(
+        lm, ids, acts, prefix.cat(kept_kv), compress, share.virtual, message_starts, None, on_step,
+        token_scores=token_scores, span_kv=span_kv, shared=kept,
+    )  # fmt: skip
+    if compress.verbatim_share:  # each head's own entries beside the shared ones: one compact segment already
+        virtual.stats.update(_shared_stats(lm, ids, acts, kept, share, config))
+        return virtual
     return _assemble(lm, ids, acts, kept, kept_kv, virtual, share, config)
-
-
-def _virtual_part(lm, ids, acts, rest, budget, prefix, compress, message_starts, on_step, token_scores) -> Segment:
-    """Virtual tokens for the span tokens at relative indices `rest`, optimised on top of `prefix`: `budget` of them,
-    or `oversample` times as many with a head-wise budget (each head then reaches `budget`)."""
-    k = compress.virtual_tokens(budget, len(rest))
-    problem = SpanProblem.build(lm, ids, acts, k, compress, message_starts, tokens=rest, token_scores=token_scores)
-    result = optimise(lm, prefix, problem.targets, problem.positions, compress.optim, on_step=on_step)
-    span = (acts.start, acts.end)
-    return virtual_part(lm, prefix, problem, span, result.embeddings, result.summary(), compress, budget)
 
 
 def _assemble(lm, ids, acts, kept, kept_kv, virtual: Segment, share: VerbatimShare, config) -> Segment:
@@ -219,21 +203,19 @@ def _assemble(lm, ids, acts, kept, kept_kv, virtual: Segment, share: VerbatimSha
         bias=bias,
     )
     segment, own_slots = interleaved(own, dataclasses.replace(virtual, separable=None))
-    segment.stats.update(
+    segment.stats.update(_shared_stats(lm, ids, acts, kept, share, config), verbatim_entries=own_slots.tolist())
+    return segment
+
+
+def _shared_stats(lm, ids, acts, kept, share: VerbatimShare, config: HybridConfig) -> dict:
+    """What a segment records of its shared verbatim tokens."""
+    return dict(
         keep_by=config.keep_by,
         verbatim_fraction=config.fraction,
         verbatim_kept=share.kept,
         verbatim_wanted=share.wanted,
         verbatim_capped=share.capped,
         virtual_entries=share.virtual,
-        verbatim_entries=own_slots.tolist(),
         verbatim_positions=(kept + acts.start).tolist(),
-        verbatim_text=[lm.tokenizer.decode([t]) for t in kept_ids],
+        verbatim_text=[lm.tokenizer.decode([ids[acts.start + int(i)]]) for i in kept],
     )
-    return segment
-
-
-def _complement(kept: torch.Tensor, n: int) -> torch.Tensor:
-    mask = torch.ones(n, dtype=torch.bool)
-    mask[kept] = False
-    return mask.nonzero()[:, 0]

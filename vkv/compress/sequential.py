@@ -18,19 +18,13 @@ accumulation; growing drift is the targets themselves moving as compressed conte
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
-from vkv import upgrade
-from vkv.compress.autoratio import AutoRatioConfig, choose_ratio, segment_loss
+from vkv.compress.autoratio import choose_ratio, segment_loss
 from vkv.compress.budget import allocate
-from vkv.compress.config import CompressConfig
 from vkv.compress.history import HistoryCap
-from vkv.compress.hybrid import HybridConfig, HybridRecipe, hybrid_segment
 from vkv.compress.problem import needs_queries
-from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.single import fitted_verbatim, virtual_segment
-from vkv.compress.targets import target_kind
+from vkv.compress.recipe import VkvRecipe, recipe_segment
 from vkv.compress.turn import Turn, TurnView, view_on_cache
 from vkv.compress.work import TurnWork
 from vkv.errors import VkvError
@@ -40,79 +34,6 @@ from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import Activations, capture_span
 from vkv.lm.context import Context
 from vkv.lm.frozen import FrozenLM
-from vkv.settings import Config, nested, setting
-
-TARGET_MODES = ("oracle", "online")
-VERBATIM_MODES = ("none", "per-head", "shared")
-
-
-@dataclass
-class VkvRecipe(Config):
-    """vkv's recipe: how its virtual tokens are made (`compress`), the verbatim part they sit beside, where a
-    per-turn run's targets come from, and auto-ratio's tolerance. `validate` decides the verbatim mode, the one place
-    it is decided."""
-
-    compress: CompressConfig = nested(CompressConfig)
-    verbatim: str | None = setting(
-        None,
-        "the verbatim part beside the virtual tokens: per-head (each KV head keeps its own share of the budget as "
-        "entries fitted or chosen by --verbatim-source, --verbatim-share), shared (one set of tokens every head keeps, "
-        "--verbatim-fraction, --verbatim-keep-by), none (virtual tokens alone); default: per-head where the recipe "
-        "allows it (a per-head head budget ranked by reconstruction, no fit_bias), else none",
-        VERBATIM_MODES,
-    )
-    shared: HybridConfig = nested(HybridConfig, prefix="verbatim_")  # the shared verbatim part's settings
-    target_source: str = setting(
-        "oracle", "oracle: V from the full uncompressed history; online: V on top of the compressed cache", TARGET_MODES
-    )
-    auto_ratio: bool = setting(
-        False, "per turn, the highest ratio of --ladder whose V loss stays within --max-loss (instead of --ratio)"
-    )
-    tolerance: AutoRatioConfig = nested(AutoRatioConfig)
-
-    def validate(self) -> VkvRecipe:
-        """The recipe to run, every default that depends on the rest of it filled in (a copy): the verbatim mode, and
-        the virtual tokens' recipe as that mode takes it (no per-head share beside a shared part or with none)."""
-        if self.tolerance.max_loss is not None and not self.auto_ratio:
-            raise VkvError("field max_loss is the tolerance of auto_ratio (--auto-ratio); turn auto_ratio on")
-        mode, compress = self.verbatim, self.compress
-        if mode == "shared":  # the shared part is every head's verbatim entries
-            compress = HybridRecipe.of(compress).validate()
-        elif mode == "none":
-            if compress.verbatim_share:
-                raise VkvError(
-                    f"field verbatim_share: {compress.verbatim_share:g} keeps a per-head verbatim part, and field "
-                    "verbatim is none; give verbatim per-head, or leave verbatim_share out"
-                )
-            compress = replace(compress, verbatim_share=0.0).validate()
-        else:
-            compress = compress.validate()
-            if mode == "per-head" and not compress.verbatim_share:
-                raise VkvError(
-                    "field verbatim: per-head needs a per-head verbatim share, and this recipe keeps none (a shared "
-                    "head budget, share_scores readout, fit_bias or verbatim_share 0); give verbatim none"
-                )
-            mode = "per-head" if compress.verbatim_share else "none"
-        if mode not in VERBATIM_MODES:
-            raise VkvError(f"field verbatim: unknown value {mode!r}; choose one of {', '.join(VERBATIM_MODES)}")
-        self.shared.validate()
-        if self.auto_ratio:
-            self.tolerance.validate()
-        return replace(self, compress=compress, verbatim=mode)
-
-    def check_turn_by_turn(self) -> VkvRecipe:
-        """Refuse a recipe that turn-by-turn compression cannot run (the single-span path takes it)."""
-        if self.compress.pooling == "attention":
-            raise VkvError("attention pooling needs a question, so per-turn compression cannot use it")
-        if target_kind(self.compress.target).needs_queries:  # online targets would need the turn's queries
-            raise VkvError(
-                f"target {self.compress.target} is not implemented for per-turn compression; use v or kv-pre-rope"
-            )
-        return self
-
-    @staticmethod
-    def upgraded(d: dict[str, Any]) -> dict[str, Any]:
-        return upgrade.vkv_recipe(d)
 
 
 class FullHistory:
@@ -259,39 +180,11 @@ def compress_virtual_turns(
 def _turn_segment(
     lm, ids, turn: Turn, view: TurnView, running: SplicedCache, budget: int, config: VkvRecipe, message_starts
 ) -> Segment:
+    """The turn's segment on top of the running cache it will be used in (its scores read out there too), at
+    `budget` entries, or at the ratio auto-ratio chooses for it."""
     work = TurnWork.fed(lm, ids, message_starts, None, config.compress.optim.seed, running, turn, view)
-    prefix = work.prefix()
-    # kvzip's importance of the turn's entries, read out on top of the running cache they will be used in
-    scores = reconstruction_scores(work) if config.compress.needs_reconstruction else None
-
-    def build(entries: int) -> Segment:
-        if config.verbatim == "shared":
-            return hybrid_segment(
-                lm,
-                ids,
-                view.acts,
-                view.kv,
-                prefix,
-                entries,
-                config.compress,
-                config.shared,
-                message_starts,
-                token_scores=scores,
-            )
-        verbatim = fitted_verbatim(work, config.compress, entries)
-        return virtual_segment(
-            lm,
-            ids,
-            view.acts,
-            prefix,
-            config.compress,
-            entries,
-            message_starts,
-            token_scores=scores,
-            span_kv=view.kv,
-            verbatim=verbatim,
-        )
-
     if config.auto_ratio:
-        return choose_ratio(turn.length, build, view.verbatim, config.tolerance)
-    return build(budget)
+        return choose_ratio(
+            turn.length, lambda entries: recipe_segment(work, config, entries), view.verbatim, config.tolerance
+        )
+    return recipe_segment(work, config, budget)

@@ -1,9 +1,9 @@
-"""Compress one span of a rendered conversation into virtual tokens and splice them into a cache.
+"""Virtual tokens for one span (or for the tokens of it a shared verbatim part leaves), beside a per-head verbatim
+part: the virtual part every vkv recipe builds (compress/recipe.py decides which verbatim part sits beside it).
 
-One forward pass over the uncompressed text up to the span's end gives the prefix K/V, the span's per-layer
-V (and pre-RoPE K) and per-token surprisal. Pooled targets are matched by optimising k virtual embeddings;
-tokens after the span (if any) are re-encoded on top of the compressed cache at their original positions,
-so nothing they carry was computed with the uncompressed span in view.
+Pooled targets over the span's blocks are matched by optimising k virtual embeddings on top of the prefix; each KV
+head's verbatim share (kvzip's best entries, or am's compaction given as a `Verbatim`) and its share of the virtual
+tokens are set by their biases, and the two join as one compact segment.
 """
 
 from __future__ import annotations
@@ -16,27 +16,21 @@ import torch
 
 from vkv.compress.attention_matching import AttentionMatchingFit
 from vkv.compress.autoratio import record_loss
-from vkv.compress.budget import span_budget
 from vkv.compress.config import CompressConfig
 from vkv.compress.distill import build_probes, distill, trace_summary
 from vkv.compress.head_budget import per_head_index
 from vkv.compress.head_hybrid import HeadSplit, Verbatim, head_hybrid_bias, reached
 from vkv.compress.optimise import optimise
 from vkv.compress.problem import SpanProblem
-from vkv.compress.reconstruction import reconstruction_scores
 from vkv.compress.work import SpanWork
 from vkv.errors import VkvError
-from vkv.kv.file import cache_metadata, transcript_record
 from vkv.kv.flat import MASKED
 from vkv.kv.prefix import KVPrefix
 from vkv.kv.segment import Segment, interleaved, verbatim_segment
-from vkv.kv.spliced import SplicedCache
 from vkv.lm.capture import capture_span
 from vkv.lm.frozen import FrozenLM
 from vkv.lm.rebuild import virtual_kv
-from vkv.lm.splice import splice
 from vkv.stages import stage
-from vkv.text.transcript import render
 
 
 def virtual_segment(
@@ -53,53 +47,44 @@ def virtual_segment(
     token_scores: torch.Tensor | None = None,
     span_kv: KVPrefix | None = None,
     verbatim: Verbatim | None = None,
+    shared: torch.Tensor | None = None,
 ) -> Segment:
     """Optimise virtual tokens standing for ids[acts.start:acts.end] on top of `prefix`, `budget` entries per KV head
-    (`span_budget`); with a distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here
-    when not given); `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's
-    tokens, when the recipe ranks the heads' shares by it; `span_kv`: the span's own K/V as the cache will hold them
-    (the verbatim entries of a per-head hybrid; by default the teacher's); `verbatim`: a per-head hybrid's verbatim
-    part chosen and fitted by another method (`verbatim_source`), instead of the span's best entries as they are.
-    The segment records the virtual tokens' V loss against their targets."""
+    (`span_budget`) beside each head's verbatim share; `config` a validated recipe (`CompressConfig.validate`). With a
+    distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given);
+    `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's tokens, when the
+    recipe ranks the heads' shares by it; `span_kv`: the span's own K/V as the cache will hold them (the verbatim
+    entries of a per-head hybrid; by default the teacher's); `verbatim`: a per-head hybrid's verbatim part chosen and
+    fitted by another method (`verbatim_source`), instead of the span's best entries as they are; `shared` `[s]`: the
+    span-relative tokens every head keeps verbatim (their entries already in `prefix`): the virtual tokens, and each
+    head's own entries, then come from the rest of the span, and with a per-head share the shared entries join the
+    segment. The segment records the virtual tokens' V loss against their targets."""
     start, end = acts.start, acts.end
     started = time.perf_counter()
-    config = config.validate()
-    split = HeadSplit.of(budget, config.verbatim_share)
-    if (verbatim is None) != (config.verbatim_source == "kvzip"):
-        raise VkvError(
-            f"field verbatim_source: a {config.verbatim_source} recipe's verbatim part is fitted on the span before "
-            "the virtual tokens (fitted_verbatim), and this call gave "
-            + ("none" if verbatim is None else "one for a recipe that keeps the span's own entries")
-        )
+    split = HeadSplit.of(budget, _check_recipe(config, verbatim, shared))
+    rest = None if shared is None else complement(shared, end - start)
     if not split.virtual:  # a one-entry budget that keeps its entry verbatim: no virtual token to tune
-        return _kept_verbatim(lm, ids, (start, end), split, config, token_scores, teacher, span_kv, verbatim, started)
-    problem = SpanProblem.build(
-        lm,
-        ids,
-        acts,
-        config.virtual_tokens(split.virtual, end - start),
-        config,
-        message_starts,
-        attention,
-        token_scores=token_scores,
-    )
+        part = (split, config, token_scores, teacher, span_kv, verbatim, shared, rest)
+        return _kept_verbatim(lm, ids, (start, end), *part, started)
+    available = end - start if rest is None else len(rest)
+    k = config.virtual_tokens(split.virtual, available)
+    problem = SpanProblem.build(lm, ids, acts, k, config, message_starts, attention, rest, token_scores)
     positions = problem.positions
     if split.verbatim:  # each head's share does not depend on the embeddings: known before any stage tunes them
         rule, proportional, kept = config.head_budget, config.proportional_attention, verbatim and verbatim.kept
         own, virtual = head_hybrid_bias(
-            token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
+            problem.token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
         )
     built = time.perf_counter()
     with stage("steps", lm.device):
         result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
-    if teacher is None and (
-        config.distill.validate().steps or (split.verbatim and span_kv is None and verbatim is None)
-    ):
+    if teacher is None and (config.distill.steps or (split.verbatim and span_kv is None and verbatim is None)):
         _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
         teacher = KVPrefix.from_cache(cache)
     if split.verbatim:
         span_kv, own = (verbatim.span_kv, verbatim.bias) if verbatim else (span_kv or _own_kv(teacher, start, end), own)
+        own = own if shared is None else with_shared(own, shared, rest)
     if config.distill.steps:
         beside = None
         if split.verbatim:
@@ -116,6 +101,42 @@ def virtual_segment(
         stats["verbatim_per_head"] = split.verbatim
         segment = beside_verbatim(segment, span_kv, own, virtual)
     return segment
+
+
+def _check_recipe(config: CompressConfig, verbatim: Verbatim | None, shared: torch.Tensor | None) -> float:
+    """Refuse a recipe not validated, or a verbatim part the recipe does not choose so; the recipe's per-head share."""
+    if config.verbatim_share is None or config.verbatim_source is None:
+        raise VkvError("virtual tokens need a validated recipe: CompressConfig.validate() fills its defaults")
+    if (verbatim is None) != (config.verbatim_source == "kvzip"):
+        raise VkvError(
+            f"field verbatim_source: a {config.verbatim_source} recipe's verbatim part is fitted on the span before "
+            "the virtual tokens (fitted_verbatim), and this call gave "
+            + ("none" if verbatim is None else "one for a recipe that keeps the span's own entries")
+        )
+    if shared is not None and (verbatim is not None or config.distill.steps):
+        raise VkvError(
+            "beside shared verbatim tokens, "
+            + ("am's compaction" if verbatim is not None else "the distillation stage (distill_steps)")
+            + " is not implemented (it runs on a whole span); use verbatim_source kvzip and distill_steps 0"
+        )
+    return config.verbatim_share
+
+
+def complement(kept: torch.Tensor, n: int) -> torch.Tensor:
+    """The span-relative indices `[n - len(kept)]`, ascending, of the tokens not in `kept`."""
+    mask = torch.ones(n, dtype=torch.bool)
+    mask[kept] = False
+    return mask.nonzero()[:, 0]
+
+
+def with_shared(own: torch.Tensor, shared: torch.Tensor, rest: torch.Tensor) -> torch.Tensor:
+    """Each head's own-entry biases over the whole span `[layers, kv_heads, n]`: `own` `[layers, kv_heads, rest]` on
+    the `rest` tokens, 0 on the `shared` ones every head keeps."""
+    layers, heads, _ = own.shape
+    dense = torch.full((layers, heads, len(shared) + len(rest)), MASKED)
+    dense[..., rest] = own.float()
+    dense[..., shared] = 0.0
+    return dense
 
 
 def virtual_part(
@@ -143,10 +164,13 @@ def virtual_part(
     return record_loss(segment, values, problem.targets)
 
 
-def _kept_verbatim(lm, ids, span, split, config, token_scores, teacher, span_kv, verbatim, started) -> Segment:
+def _kept_verbatim(
+    lm, ids, span, split, config, token_scores, teacher, span_kv, verbatim, shared, rest, started
+) -> Segment:
     """A per-head hybrid whose budget holds no virtual token: each head's verbatim share alone, chosen as the recipe
-    chooses it (`verbatim`, fitted by another method; else the head's best own entries by `token_scores`), as a compact
-    segment. There is no V loss to measure, so its loss is None (auto_ratio does not choose it)."""
+    chooses it (`verbatim`, fitted by another method; else the head's best own entries by `token_scores`, among the
+    `rest` beside `shared` tokens), as a compact segment. There is no V loss to measure, so its loss is None
+    (auto_ratio does not choose it)."""
     start, end = span
     if verbatim is None:
         if span_kv is None:
@@ -154,8 +178,10 @@ def _kept_verbatim(lm, ids, span, split, config, token_scores, teacher, span_kv,
                 capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)[1]
             )
             span_kv = _own_kv(teacher, start, end)
-        kept = reached(*per_head_index(token_scores, split.verbatim, config.head_budget), end - start)
-        verbatim = Verbatim(span_kv, torch.zeros(kept.shape).masked_fill(~kept, MASKED))
+        scores = token_scores if rest is None else token_scores[:, :, rest]
+        kept = reached(*per_head_index(scores, split.verbatim, config.head_budget), scores.shape[-1])
+        own = torch.zeros(kept.shape).masked_fill(~kept, MASKED)
+        verbatim = Verbatim(span_kv, own if shared is None else with_shared(own, shared, rest))
     segment = verbatim_segment(verbatim.span_kv, start)
     segment.bias = verbatim.bias.float().cpu()
     seconds = time.perf_counter() - started
@@ -204,82 +230,10 @@ def beside_verbatim(virtual: Segment, span_kv: KVPrefix, own_bias: torch.Tensor,
 def fitted_verbatim(work: SpanWork, config: CompressConfig, budget: int) -> Verbatim | None:
     """A per-head hybrid's verbatim part fitted by another method on the work's span or turn (`verbatim_source`): am's
     compaction at the verbatim share of `budget`, its entries spread over the heads by the recipe's own head budget
-    (the rule the virtual share follows too); None where each head keeps the span's own entries (kvzip)."""
-    config = config.validate()
+    (the rule the virtual share follows too); None where each head keeps the span's own entries (kvzip). `config`: a
+    validated recipe."""
     if config.verbatim_source != "am":
         return None
     fit = AttentionMatchingFit(head_budget=config.head_budget)
     compaction, _ = fit.compaction(work, HeadSplit.of(budget, config.verbatim_share).verbatim)
     return Verbatim.fitted(*work.span_kv(), compaction)
-
-
-def span_segment(
-    work: SpanWork, config: CompressConfig, budget: int, on_step: Callable[[int, float], None] | None = None
-) -> Segment:
-    """vkv's virtual tokens standing for the work's whole span, `budget` entries per KV head (`vkv eval`'s method vkv
-    and `compress_span` alike): the reconstruction pass ranks each head's share when the recipe asks for it, and the
-    full-context K/V are the distillation's teacher."""
-    config = config.validate()
-    return virtual_segment(
-        work.lm,
-        work.ids,
-        work.acts,
-        work.prefix(),
-        config,
-        budget,
-        work.message_starts,
-        work.attention,
-        on_step,
-        teacher=work.kv,
-        token_scores=reconstruction_scores(work) if config.needs_reconstruction else None,
-        verbatim=fitted_verbatim(work, config, budget),
-    )
-
-
-def compress_span(
-    lm: FrozenLM,
-    ids: list[int],
-    start: int,
-    end: int,
-    ratio: float,
-    config: CompressConfig,
-    message_starts: list[int] | None = None,
-    attention: torch.Tensor | None = None,
-    on_step: Callable[[int, float], None] | None = None,
-    message_roles: list[str] | None = None,
-) -> SplicedCache:
-    """Prefix verbatim, [start, end) virtual at `ratio`, everything after re-encoded on top: a SplicedCache of `ids`
-    (`message_starts`, `message_roles`: each message's first token and role, where the recipe reads them)."""
-    if not 0 <= start < end <= len(ids):
-        raise VkvError(f"span [{start}, {end}) is empty or outside the {len(ids)} rendered tokens")
-    budget = span_budget(end - start, ratio)  # a ratio the span cannot take is refused before the prefill
-    config = config.validate()
-    work = SpanWork.capture(lm, ids, start, end, message_starts, message_roles, config.optim.seed, attention)
-    return splice(lm, work.kv, start, end, span_segment(work, config, budget, on_step), ids[end:])
-
-
-def render_within_positions(lm: FrozenLM, transcript):
-    """The transcript rendered by the model's tokenizer, refused when it is longer than the model's positions."""
-    rendered = render(transcript, lm.tokenizer, max_tokens=lm.max_positions)  # too long: refused before message work
-    lm.check_positions(len(rendered.ids), f"{transcript.path or transcript.id} ({len(rendered.ids)} tokens)")
-    return rendered
-
-
-def compress_transcript(
-    lm: FrozenLM,
-    transcript,
-    turns: tuple[int, int],
-    ratio: float,
-    config: CompressConfig,
-    on_step: Callable[[int, float], None] | None = None,
-) -> SplicedCache:
-    """Render, compress messages [turns[0], turns[1]) at `ratio` and record what a cache file needs to be checked later."""
-    rendered = render_within_positions(lm, transcript)
-    start, end = rendered.token_span(*turns)
-    spliced = compress_span(
-        lm, rendered.ids, start, end, ratio, config, rendered.message_starts, None, on_step, rendered.message_roles
-    )
-    spliced.meta = cache_metadata(
-        lm, transcript=transcript_record(transcript, turns, len(rendered.ids)), config=config.to_dict(), ratio=ratio
-    )
-    return spliced

@@ -9,10 +9,8 @@ from typing import Any, ClassVar
 from vkv.compress.attention_matching import AttentionMatchingFit
 from vkv.compress.config import CompressConfig
 from vkv.compress.history import HistoryWork, Loop
-from vkv.compress.hybrid import hybrid_segment
-from vkv.compress.reconstruction import reconstruction_scores
-from vkv.compress.sequential import FullHistory, VkvRecipe, append_verbatim, compress_virtual_turns
-from vkv.compress.single import span_segment
+from vkv.compress.recipe import VkvRecipe, recipe_segment
+from vkv.compress.sequential import FullHistory, append_verbatim, compress_virtual_turns
 from vkv.compress.turn import Turn, message_turns
 from vkv.compress.work import SpanWork
 from vkv.kv.report import cache_rows
@@ -59,27 +57,11 @@ class VirtualTokens(PerTurnMethod):
         return self._compressed(work, budget, self.settings(), on_step)
 
     def _compressed(self, work: SpanWork, budget: int | None, recipe: VkvRecipe, on_step) -> Segment | SegmentGroup:
-        """The span's segment by the recipe's mode: turn by turn (per turn, or the span as one turn choosing its
-        ratio), or the whole span beside a shared or per-head verbatim part."""
+        """The span's segment: turn by turn (per turn, in chunks, or the span as one turn choosing its ratio), or the
+        whole span as the recipe's pipeline makes it."""
         if self.looped or recipe.auto_ratio:
             return _turn_by_turn(work, budget, recipe, self)
-        if recipe.verbatim == "shared":
-            span_kv = work.kv.slice(work.start - work.kv_start, work.end - work.kv_start)
-            scores = reconstruction_scores(work) if recipe.compress.needs_reconstruction else None
-            return hybrid_segment(
-                work.lm,
-                work.ids,
-                work.acts,
-                span_kv,
-                work.prefix(),
-                budget,
-                recipe.compress,
-                recipe.shared,
-                work.message_starts,
-                on_step,
-                scores,
-            )
-        return span_segment(work, recipe.compress, budget, on_step)
+        return recipe_segment(work, recipe, budget, on_step)
 
     def compress_messages(self, lm, ids, turns, cache, budget, message_starts, message_roles, seed=0, on_turn=None):
         """Each of `turns` compressed in order on the running `cache` (a Session's messages), as per turn: oracle

@@ -16,7 +16,7 @@ from typing import Any
 
 import tomllib
 
-from vkv.compress.sequential import VkvRecipe
+from vkv.compress.recipe import VkvRecipe
 from vkv.errors import VkvError
 from vkv.evals.runner import EvalSettings
 from vkv.io import check_depth, read_input_text
