@@ -34,10 +34,15 @@ class VirtualTokens(PerTurnMethod):
         if isinstance(self.recipe, CompressConfig):  # the virtual tokens' recipe alone, the rest at the defaults
             self.recipe = VkvRecipe(compress=self.recipe)
         super().__post_init__()
+        self.settings()  # a recipe no path can run is refused as the method is built, not at its first span
 
     def settings(self) -> VkvRecipe:
-        """The recipe resolved once (`VkvRecipe.validate`): what runs below this method is not validated again."""
-        return (self.recipe or VkvRecipe()).validate()
+        """The recipe resolved once (`VkvRecipe.validate`), and again only when `recipe` is given another value: what
+        runs below this method is not validated again."""
+        resolved = getattr(self, "_resolved", None)
+        if resolved is None or resolved[0] is not self.recipe:
+            resolved = self._resolved = (self.recipe, (self.recipe or VkvRecipe()).validate())
+        return resolved[1]
 
     @property
     def question_aware(self) -> bool:
