@@ -178,6 +178,9 @@ def test_loop_fields_reach_every_front_door(tmp_path, capsys):
     assert "every" not in get_method("am").config()  # runs recorded before chunks and caps keep their ids
     assert get_method("am", every=EVERY, cap=CAP).config()["cap"] == CAP
     assert quick_vkv(every=EVERY, cap=CAP).config()["every"] == EVERY
+    recorded = quick_vkv(every=EVERY, cap=CAP, recent=8).config()  # a run record reads back with every loop field
+    rebuilt = type(quick_vkv()).from_config(recorded)
+    assert (rebuilt.every, rebuilt.cap, rebuilt.recent, rebuilt.config()) == (EVERY, CAP, 8, recorded)
     door = ["eval", str(FIXTURES / "mini-agent.json"), "--model", "smollm2-135m", "--method", "lamr", "--every", "64"]
     assert main(door) == 2
     assert "--every: method 'lamr' has no such mode" in capsys.readouterr().err

@@ -75,11 +75,11 @@ class CompressConfig(Config):
     )
     verbatim_share: float | None = setting(
         None,
-        "per-head verbatim, with share_scores reconstruction: share of each KV head's budget kept as the span's own "
-        "entries, those "
-        "KVzip's reconstruction importance ranks best for the head; the rest go to virtual tokens ranked by the "
-        "best token of their block the head did not keep (0: all virtual; default: "
-        f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0)",
+        "--verbatim per-head (or shared+per-head), with share_scores reconstruction: share of each KV head's budget "
+        "kept verbatim, as --verbatim-source chooses it (am's compaction by default); the rest go to virtual "
+        "tokens ranked by the best token of their block the head did not keep (0: all virtual; default: "
+        f"{DEFAULT_VERBATIM_SHARE} where the recipe allows verbatim entries, else 0; the shared part's own share is "
+        "--verbatim-fraction)",
         minimum=0,
         below=1,
     )

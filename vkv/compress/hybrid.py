@@ -52,10 +52,12 @@ class ShortTurnWarning(UserWarning):
 class HybridConfig(Config):
     """Which of a span's tokens stay verbatim beside its virtual tokens, and how many."""
 
-    fraction: float = setting(0.15, "share of the span's tokens kept verbatim", minimum=0, below=1)
-    keep_by: str = setting("v-uniqueness", "which tokens stay verbatim", KEEP_BY)
+    fraction: float = setting(
+        0.15, "--verbatim shared: share of the span's tokens every head keeps verbatim", minimum=0, below=1
+    )
+    keep_by: str = setting("v-uniqueness", "--verbatim shared: which tokens every head keeps verbatim", KEEP_BY)
     max_share: float = setting(
-        0.5, "verbatim entries take at most this share of a turn's entry budget", minimum=0, below=1
+        0.5, "--verbatim shared: the shared tokens take at most this share of a span's entry budget", minimum=0, below=1
     )
     neighbours: int = setting(2, "v-uniqueness compares a token with this many neighbours on each side", minimum=1)
 

@@ -16,7 +16,7 @@ from vkv.compress.work import SpanWork
 from vkv.kv.report import cache_rows
 from vkv.kv.segment import Segment, SegmentGroup
 from vkv.kv.spliced import SplicedCache
-from vkv.methods.base import PerTurnMethod
+from vkv.methods.base import LATER_LOOP_FIELDS, PerTurnMethod
 
 
 @dataclass
@@ -84,7 +84,7 @@ class VirtualTokens(PerTurnMethod):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "VirtualTokens":
         config = dict(config)
-        loop = {k: config.pop(k) for k in ("per_turn", "every", "cap") if k in config}
+        loop = {k: config.pop(k) for k in ("per_turn", *LATER_LOOP_FIELDS) if k in config}
         return cls(recipe=VkvRecipe.from_dict(config), **loop)
 
     def compact_history(self, work: HistoryWork, entries: int) -> Segment:
