@@ -81,26 +81,18 @@ def head_hybrid_bias(
     split: HeadSplit,
     rule: HeadBudget,
     proportional_attention: bool,
-    offset: float = 0.0,
-    kept: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The biases `[layers, heads, n]` of the span's own n entries and `[layers, heads, k]` of the k virtual tokens
-    (blocks over the whole span), −inf on padding (a slot whose entry the head does not keep). `token_scores`
-    `[layers, heads, n]` is the reconstruction pass's importance of the span's tokens; each head keeps
-    `split.verbatim` own entries and `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global,
-    compress/head_budget.py). A kept own entry has bias 0 (it stands for itself); a kept virtual token log(its
-    block's tokens the head does not hold) with proportional attention, else 0, plus `offset`. `kept`
-    `[layers, heads, n]`: the entries each head holds verbatim, when another method chose them (`Verbatim.kept`)."""
-    layers, heads, n = token_scores.shape
-    verbatim = torch.zeros(layers, heads, n, dtype=torch.bool) if kept is None else kept
-    if split.verbatim and kept is None:
-        verbatim = reached(*per_head_index(token_scores, split.verbatim, rule), n)
-    left = token_scores.masked_fill(verbatim, float("-inf"))  # what the head's virtual share may still carry
+    offset: float,
+    kept: torch.Tensor,
+) -> torch.Tensor:
+    """The biases `[layers, heads, k]` of the k virtual tokens (blocks over the n pooled tokens) beside each head's
+    verbatim part, `kept` `[layers, heads, n]` (`Verbatim.kept`), −inf on padding (a slot whose entry the head does
+    not keep). `token_scores` `[layers, heads, n]` is the reconstruction pass's importance of the tokens; each head
+    keeps `split.virtual` virtual tokens on average (`rule`: uniform, adaptive or global, compress/head_budget.py),
+    those whose blocks hold the best tokens it did not keep verbatim. A kept virtual token's bias is log(its block's
+    tokens the head does not hold) with proportional attention, else 0, plus `offset`."""
+    left = token_scores.masked_fill(kept, float("-inf"))  # what the head's virtual share may still carry
     virtual = reached(*per_head_index(blocks.most(left), split.virtual, rule), blocks.count)
     block = torch.repeat_interleave(torch.arange(blocks.count), blocks.sizes().long())
-    dropped = torch.zeros(layers, heads, blocks.count).index_add_(-1, block, (~verbatim).float())
+    dropped = torch.zeros(*kept.shape[:2], blocks.count).index_add_(-1, block, (~kept).float())
     mass = (dropped.log() if proportional_attention else torch.zeros_like(dropped)) + offset
-    return (
-        torch.zeros(layers, heads, n).masked_fill(~verbatim, MASKED),
-        mass.masked_fill(~virtual, MASKED),
-    )
+    return mass.masked_fill(~virtual, MASKED)

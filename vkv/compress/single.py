@@ -54,7 +54,7 @@ def virtual_segment(
     distillation stage, `teacher` holds the full-context K/V of ids[:acts.end] (computed here when not given);
     `token_scores` `[layers, kv_heads, span]`: the reconstruction pass's importance of the span's tokens, when the
     recipe ranks the heads' shares by it; `span_kv`: the span's own K/V as the cache will hold them (the verbatim
-    entries of a per-head hybrid; by default the teacher's); `verbatim`: a per-head hybrid's verbatim part chosen and
+    entries of a per-head hybrid, where kvzip's choice keeps them); `verbatim`: a per-head hybrid's verbatim part chosen and
     fitted by another method (`verbatim_source`), instead of the span's best entries as they are; `shared` `[s]`: the
     span-relative tokens every head keeps verbatim (their entries already in `prefix`): the virtual tokens, and each
     head's own entries, then come from the rest of the span, and with a per-head share the shared entries join the
@@ -63,32 +63,30 @@ def virtual_segment(
     started = time.perf_counter()
     split = HeadSplit.of(budget, _check_recipe(config, verbatim, shared))
     rest = None if shared is None else complement(shared, end - start)
+    if split.verbatim:  # each head's share does not depend on the embeddings: known before any stage tunes them
+        verbatim = verbatim or _best_entries(span_kv, token_scores, split, config, shared, rest)
     if not split.virtual:  # a one-entry budget that keeps its entry verbatim: no virtual token to tune
-        part = (split, config, token_scores, teacher, span_kv, verbatim, shared, rest)
-        return _kept_verbatim(lm, ids, (start, end), *part, started)
+        return _kept_verbatim(verbatim, start, split, started)
     available = end - start if rest is None else len(rest)
     k = config.virtual_tokens(split.virtual, available)
     problem = SpanProblem.build(lm, ids, acts, k, config, message_starts, attention, rest, token_scores)
     positions = problem.positions
-    if split.verbatim:  # each head's share does not depend on the embeddings: known before any stage tunes them
-        rule, proportional, kept = config.head_budget, config.proportional_attention, verbatim and verbatim.kept
-        own, virtual = head_hybrid_bias(
-            problem.token_scores, problem.blocks, split, rule, proportional, config.virtual_offset, kept
-        )
+    if split.verbatim:
+        kept = verbatim.kept if rest is None else verbatim.kept[:, :, rest]
+        rule, proportional, offset = config.head_budget, config.proportional_attention, config.virtual_offset
+        virtual = head_hybrid_bias(problem.token_scores, problem.blocks, split, rule, proportional, offset, kept)
     built = time.perf_counter()
     with stage("steps", lm.device):
         result = optimise(lm, prefix, problem.targets, positions, config.optim, on_step=on_step)
     embeddings, stats = result.embeddings, result.summary()
-    if teacher is None and (config.distill.steps or (split.verbatim and span_kv is None and verbatim is None)):
-        _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
-        teacher = KVPrefix.from_cache(cache)
-    if split.verbatim:
-        span_kv, own = (verbatim.span_kv, verbatim.bias) if verbatim else (span_kv or _own_kv(teacher, start, end), own)
-        own = own if shared is None else with_shared(own, shared, rest)
     if config.distill.steps:
+        if teacher is None:
+            _, cache = capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)
+            teacher = KVPrefix.from_cache(cache)
         beside = None
         if split.verbatim:
-            beside = (KVPrefix(span_kv.keys, span_kv.values, None, [b[None] for b in own]), virtual)
+            own = verbatim.span_kv
+            beside = (KVPrefix(own.keys, own.values, None, [b[None] for b in verbatim.bias]), virtual)
         embeddings = _distilled(lm, ids, (start, end), teacher, prefix, embeddings, positions, config, stats, beside)
     stats["phase_seconds"] = {  # where the time went: pooled targets (and a per-head hybrid's shares), the span's
         # read-out queries, the optimiser (and distillation); virtual_part adds the K/V and the biases
@@ -99,8 +97,20 @@ def virtual_segment(
     segment = virtual_part(lm, prefix, problem, (start, end), embeddings, stats, config, budget, not split.verbatim)
     if split.verbatim:
         stats["verbatim_per_head"] = split.verbatim
-        segment = beside_verbatim(segment, span_kv, own, virtual)
+        segment = beside_verbatim(segment, verbatim.span_kv, verbatim.bias, virtual)
     return segment
+
+
+def _best_entries(span_kv, token_scores, split: HeadSplit, config: CompressConfig, shared, rest) -> Verbatim:
+    """kvzip's verbatim part: each head's `split.verbatim` best own entries by `token_scores` `[layers, kv_heads, n]`
+    (spread over the heads by the recipe's head budget) as they are, among the `rest` beside `shared` tokens every
+    head keeps (then the shared ones join each head's)."""
+    if span_kv is None:
+        raise VkvError("a per-head verbatim share of the span's own entries needs their K/V (span_kv)")
+    scores = token_scores if rest is None else token_scores[:, :, rest]
+    kept = reached(*per_head_index(scores, split.verbatim, config.head_budget), scores.shape[-1])
+    own = torch.zeros(kept.shape).masked_fill(~kept, MASKED)
+    return Verbatim(span_kv, own if shared is None else with_shared(own, shared, rest))
 
 
 def _check_recipe(config: CompressConfig, verbatim: Verbatim | None, shared: torch.Tensor | None) -> float:
@@ -164,24 +174,9 @@ def virtual_part(
     return record_loss(segment, values, problem.targets)
 
 
-def _kept_verbatim(
-    lm, ids, span, split, config, token_scores, teacher, span_kv, verbatim, shared, rest, started
-) -> Segment:
-    """A per-head hybrid whose budget holds no virtual token: each head's verbatim share alone, chosen as the recipe
-    chooses it (`verbatim`, fitted by another method; else the head's best own entries by `token_scores`, among the
-    `rest` beside `shared` tokens), as a compact segment. There is no V loss to measure, so its loss is None
-    (auto_ratio does not choose it)."""
-    start, end = span
-    if verbatim is None:
-        if span_kv is None:
-            teacher = teacher or KVPrefix.from_cache(
-                capture_span(lm, torch.tensor(ids[:end]), start, end, keep_cache=True)[1]
-            )
-            span_kv = _own_kv(teacher, start, end)
-        scores = token_scores if rest is None else token_scores[:, :, rest]
-        kept = reached(*per_head_index(scores, split.verbatim, config.head_budget), scores.shape[-1])
-        own = torch.zeros(kept.shape).masked_fill(~kept, MASKED)
-        verbatim = Verbatim(span_kv, own if shared is None else with_shared(own, shared, rest))
+def _kept_verbatim(verbatim: Verbatim, start: int, split: HeadSplit, started: float) -> Segment:
+    """A per-head hybrid whose budget holds no virtual token: each head's verbatim part alone, as a compact segment.
+    There is no V loss to measure, so its loss is None (auto_ratio does not choose it)."""
     segment = verbatim_segment(verbatim.span_kv, start)
     segment.bias = verbatim.bias.float().cpu()
     seconds = time.perf_counter() - started
@@ -197,13 +192,6 @@ def _kept_verbatim(
         phase_seconds={"targets": round(seconds, 4)},
     )
     return segment.compacted()
-
-
-def _own_kv(teacher: KVPrefix, start: int, end: int) -> KVPrefix:
-    """The span's own K/V out of the full-context K/V of tokens [0, end)."""
-    if teacher.length != end:
-        raise VkvError(f"verbatim entries need the K/V of tokens 0-{end}; the teacher holds {teacher.length}")
-    return teacher.slice(start, end)
 
 
 def _distilled(lm, ids, span, teacher, prefix, embeddings, positions, config, stats, beside=None) -> torch.Tensor:
