@@ -52,6 +52,10 @@ def cases(methods, text_method) -> dict[str, tuple[str, dict]]:
         out[f"vkv{words}"] = ("vkv", vkv_options(per_turn, False))
         out[f"vkv{words}-shared"] = ("vkv", vkv_options(per_turn, True))
         out[f"vkv{words}-none"] = ("vkv", vkv_options(per_turn, False, 0.0))
+        modes = getattr(sys.modules.get("vkv.compress.recipe"), "VERBATIM_MODES", ())
+        if "shared+per-head" in modes:  # the two verbatim parts together, where the code has the mode
+            recipe = recipe_class(vkv.CompressConfig(verbatim_share=0.5, optim=fast.optim), verbatim="shared+per-head")
+            out[f"vkv{words}-shared+per-head"] = ("vkv", {"recipe": recipe, "per_turn": per_turn})
     return out
 
 
@@ -82,11 +86,15 @@ def write(folder: Path) -> int:
 
 
 def compare(new: Path, old: Path) -> int:
+    """1 when a cache both folders hold differs, or one the old folder holds is gone; a mode only the new code has is
+    listed, not counted."""
     differ = 0
-    names = sorted(p.name for p in new.glob("*.safetensors"))
+    names = sorted(p.name for p in old.glob("*.safetensors"))
+    for name in sorted(p.name for p in new.glob("*.safetensors") if not (old / p.name).exists()):
+        print(f"new   {name} (no counterpart in {old})")
     for name in names:
-        if not (old / name).exists():
-            print(f"MISSING  {name} (only in {new})")
+        if not (new / name).exists():
+            print(f"GONE  {name} (only in {old})")
             differ += 1
             continue
         a, b = load_file(new / name), load_file(old / name)
