@@ -58,7 +58,7 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
         ),
         (
             ["--method", "vkv", "--verbatim-fraction", "0.2"],
-            "--verbatim-fraction: it sets the shared verbatim part, which only --verbatim shared keeps",
+            "--verbatim-fraction: it sets the shared verbatim part, which only --verbatim shared (or shared+per-head) keeps",
         ),
         (["--method", "kvzip", "--steps", "5"], "--steps: none of the methods kvzip takes it (vkv's recipe does)"),
         (
