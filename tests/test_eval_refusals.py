@@ -54,7 +54,7 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
         ),
         (
             ["--method", "vkv", "--target-source", "online"],
-            "--target-source: it sets the targets of a run turn by turn (--per-turn or --auto-ratio)",
+            "--target-source: it sets the targets of a run turn by turn (--per-turn, --every or --auto-ratio)",
         ),
         (
             ["--method", "vkv", "--verbatim-fraction", "0.2"],
@@ -72,7 +72,16 @@ def test_a_recipe_flag_no_method_takes_is_refused_before_the_model_loads(flags, 
     assert refusal in " ".join(capsys.readouterr().err.split())
 
 
-def test_the_verbatim_settings_go_to_vkv_keeping_verbatim_tokens(tmp_path, capsys):
-    argv = ["eval", str(tmp_path / "missing.json"), "--model", "smollm2-135m", "--method", "vkv"]
-    assert main([*argv, "--verbatim", "shared", "--verbatim-fraction", "0.2"]) == 2
-    assert "missing.json" in capsys.readouterr().err  # refused later, for the transcript it cannot read
+def test_verbatim_and_target_settings_go_to_the_runs_that_use_them(capsys):
+    """The shared part's settings go to vkv keeping shared tokens (alone or beside a per-head part), the target source
+    to a running cache in chunks (--every) as to a per-turn run: the run goes on to the next check (a ratio the span
+    cannot take), where a run without them stops at the flag."""
+    argv = ["eval", str(FIXTURES / "mini-agent.json"), "--model", "smollm2-135m", "--method", "vkv", "--ratio", "1000"]
+    for flags in (
+        ["--verbatim", "shared", "--verbatim-fraction", "0.2"],
+        ["--verbatim", "shared+per-head", "--verbatim-fraction", "0.2"],
+        ["--every", "64", "--target-source", "online"],
+    ):
+        assert main([*argv, *flags]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert flags[-2] not in err and "field ratio: 1000.0 leaves less than one entry" in err, flags

@@ -150,8 +150,9 @@ def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
             raise VkvError(
                 f"{s.flag}: it sets the shared verbatim part, which only --verbatim shared (or shared+per-head) keeps"
             )
-        if s.key == "target_source" and not (getattr(args, "per_turn", None) or getattr(args, "auto_ratio", None)):
-            raise VkvError(f"{s.flag}: it sets the targets of a run turn by turn (--per-turn or --auto-ratio)")
+        turn_by_turn = any(getattr(args, key, None) for key in ("per_turn", "every", "auto_ratio"))
+        if s.key == "target_source" and not turn_by_turn:
+            raise VkvError(f"{s.flag}: it sets the targets of a run turn by turn (--per-turn, --every or --auto-ratio)")
 
 
 def method_class(name: str, args: argparse.Namespace) -> type:
