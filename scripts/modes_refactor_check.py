@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 RATIO = 3.2
 TOLERANCE = 1e-5
+ORACLE = "oracle"  # vkv's loop targets as every version before online became the default had them
 
 
 def cases(methods, text_method) -> dict[str, tuple[str, dict]]:
@@ -37,7 +38,7 @@ def cases(methods, text_method) -> dict[str, tuple[str, dict]]:
                 options = {"recipe": vkv.MultiTurnConfig(compress, keep_verbatim=shared), "per_turn": True}
             return options
         verbatim = "shared" if shared else ("none" if share == 0 else None)
-        return {"recipe": recipe_class(compress, verbatim=verbatim), "per_turn": per_turn}
+        return {"recipe": recipe_class(compress, verbatim=verbatim, target_source=ORACLE), "per_turn": per_turn}
 
     out = {}
     for name, cls in methods.items():
@@ -54,7 +55,11 @@ def cases(methods, text_method) -> dict[str, tuple[str, dict]]:
         out[f"vkv{words}-none"] = ("vkv", vkv_options(per_turn, False, 0.0))
         modes = getattr(sys.modules.get("vkv.compress.recipe"), "VERBATIM_MODES", ())
         if "shared+per-head" in modes:  # the two verbatim parts together, where the code has the mode
-            recipe = recipe_class(vkv.CompressConfig(verbatim_share=0.5, optim=fast.optim), verbatim="shared+per-head")
+            recipe = recipe_class(
+                vkv.CompressConfig(verbatim_share=0.5, optim=fast.optim),
+                verbatim="shared+per-head",
+                target_source=ORACLE,
+            )
             out[f"vkv{words}-shared+per-head"] = ("vkv", {"recipe": recipe, "per_turn": per_turn})
     return out
 

@@ -8,7 +8,9 @@ and its recorded config by vkv.upgrade.method_config; its method is rebuilt with
 id is the hash of that identity. A run is left as it is, and reported, when today's code refuses its point or when a
 setting it recorded has another value today (a changed default changes what the run would do), or when a setting
 added since resolves to anything but its declared default (a default that depends on the rest of the recipe, such as
-vkv's virtual_offset beside a verbatim share, is a behaviour the old code did not have).
+vkv's virtual_offset beside a verbatim share, is a behaviour the old code did not have). A setting the run recorded
+that today's code still has but no longer records for such a run (vkv's target_source on a whole span, where no loop
+reads it) is dropped: it did not act on the run.
 
     python scripts/remap_run_ids.py runs/benchmark            # show what would change
     python scripts/remap_run_ids.py runs/benchmark --write    # rewrite results*.jsonl in place (atomically)
@@ -37,13 +39,14 @@ def remapped(record: dict) -> dict:
     identity = json.loads(json.dumps(identity, default=list))  # tuples as the results file writes them
     _, recorded = method_config(record["run"]["method"], record["identity"]["config"])
     before, now = _flat(grid_point(recorded)), _flat(identity["config"])
-    changed = sorted(k for k in before if k not in now or now[k] != before[k])
+    declared = declared_defaults(point["method"])
+    inert = {k for k in before if k not in now and k in declared}  # today's code records it only where it acts
+    changed = sorted(k for k in before if k not in inert and (k not in now or now[k] != before[k]))
     if changed:
         raise VkvError(
             "settings mean something else today: "
             + ", ".join(f"{k} {before[k]!r} → {now.get(k, 'gone')!r}" for k in changed)
         )
-    declared = declared_defaults(point["method"])
     resolved = sorted(k for k in now if k not in before and k in declared and now[k] != declared[k])
     if resolved:  # a setting added since whose default depends on the rest of the recipe: the old run had none
         raise VkvError(

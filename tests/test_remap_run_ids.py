@@ -47,6 +47,19 @@ def test_a_changed_default_is_a_different_run():
         remapped(old)
 
 
+def test_a_setting_that_did_not_act_is_dropped_and_one_that_did_keeps_its_meaning():
+    """vkv's targets' source acts only in a loop: a whole-span run that recorded the old default (oracle) takes
+    today's id, which records none; a run in chunks that recorded it is a different run now that the default is online."""
+    whole = record({"method": "vkv"}, drop="compress.oversample")
+    whole["identity"]["config"]["target_source"] = "oracle"
+    new = remapped(whole)
+    assert "target_source" not in new["identity"]["config"] and new["run_id"] != "0" * 16
+    looped = record({"method": "vkv", "vkv.every": 1024}, drop="compress.oversample")
+    looped["identity"]["config"]["target_source"] = "oracle"
+    with pytest.raises(VkvError, match="target_source 'oracle' → 'online'"):
+        remapped(looped)
+
+
 def test_a_setting_added_inside_a_nested_config_at_its_declared_default_is_a_new_spelling():
     old = record({"method": "vkv"}, drop="compress.oversample")
     del old["identity"]["config"]["compress"]["distill"]["step_tokens"]  # added to the distillation's settings since

@@ -25,7 +25,6 @@ from typing import Any
 from vkv import upgrade
 from vkv.compress.autoratio import segment_loss
 from vkv.compress.budget import DEFAULT_METHOD, DEFAULT_RATIO, span_budget
-from vkv.compress.recipe import VkvRecipe
 from vkv.compress.sequential import append_verbatim
 from vkv.compress.turn import Turn
 from vkv.errors import VkvError
@@ -56,8 +55,7 @@ class Session:
     def __init__(self, model: FrozenLM, method: Any = None, seed: int = 0):
         """`method`: what `compress()` uses when it is given none: a registered KV method with a budget, by name or
         built (`"kvzip"`, `vkv.get_method("vkv", recipe=vkv.VkvRecipe(...))`); unnamed, Attention Matching
-        (DEFAULT_METHOD). vkv by name takes its targets from the running cache (`target_source="online"`), as a live
-        agent would. `seed`: the seed of the methods that draw one (vkv's recipe holds its own)."""
+        (DEFAULT_METHOD). `seed`: the seed of the methods that draw one (vkv's recipe holds its own)."""
         if not isinstance(model, FrozenLM):
             raise VkvError(f"Session: field model: expected a model from vkv.load_model(...), got {model!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
@@ -317,15 +315,13 @@ class Session:
 
 
 def session_method(method: Any) -> Method:
-    """The method a session compresses by: a built one as it is, or the registered method `method` names (vkv's with
-    targets from the running cache); refused, naming the choices, when it cannot compress a session's messages."""
+    """The method a session compresses by: a built one as it is, or the registered method `method` names; refused, naming the choices, when it cannot compress a session's messages."""
     if isinstance(method, str):
         renamed = upgrade.renamed_method(method)
         if renamed or method not in METHODS:
             choices = ", ".join(n for n, c in METHODS.items() if issubclass(c, BudgetMethod))
             raise VkvError(f"field method: {renamed or f'unknown method {method!r}'}; choose from {choices}")
-        online = METHODS[method].recipe_class is VkvRecipe
-        method = get_method(method, recipe=VkvRecipe(target_source="online")) if online else get_method(method)
+        method = get_method(method)
     if not isinstance(method, BudgetMethod) or method.question_aware:
         name = getattr(method, "name", repr(method))
         raise VkvError(

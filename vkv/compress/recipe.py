@@ -47,7 +47,10 @@ class VkvRecipe(Config):
     )
     shared: HybridConfig = nested(HybridConfig, prefix="verbatim_")  # the shared verbatim part's settings
     target_source: str = setting(
-        "oracle", "oracle: V from the full uncompressed history; online: V on top of the compressed cache", TARGET_MODES
+        "online",
+        "in a loop (per turn, in chunks, auto-ratio): online: V on top of the compressed cache, as a live agent has it; "
+        "oracle: V from the full uncompressed history",
+        TARGET_MODES,
     )
     auto_ratio: bool = setting(
         False, "per turn, the highest ratio of --ladder whose V loss stays within --max-loss (instead of --ratio)"

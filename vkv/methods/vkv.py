@@ -79,7 +79,13 @@ class VirtualTokens(PerTurnMethod):
         return _virtual_loop(lm, ids, turns, cache, recipe, budget, history, self.loop(), on_turn=on_turn)
 
     def config(self) -> dict[str, Any]:
-        return {**self.settings().to_dict(), **self.loop_config()}
+        """The recipe and the loop; the targets' source only where a loop or auto-ratio reads it (a whole span's
+        targets are the span's own), so that no run's identity carries a setting that does not act on it."""
+        recipe = self.settings()
+        config = recipe.to_dict()
+        if not (self.looped or recipe.auto_ratio):
+            del config["target_source"]
+        return {**config, **self.loop_config()}
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "VirtualTokens":
