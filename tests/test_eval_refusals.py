@@ -53,7 +53,7 @@ def test_the_cli_refuses_leaks_and_repeated_or_empty_list_items(tmp_path, capsys
             "--auto-ratio: none of the methods kvzip, am takes it (vkv's recipe does)",
         ),
         (
-            ["--method", "vkv", "--target-source", "online"],
+            ["--method", "vkv", "--target-source", "oracle"],  # online, the default, is harmless anywhere
             "--target-source: it sets the targets of a run turn by turn (--per-turn, --every or --auto-ratio)",
         ),
         (
@@ -80,7 +80,7 @@ def test_verbatim_and_target_settings_go_to_the_runs_that_use_them(capsys):
     for flags in (
         ["--verbatim", "shared", "--verbatim-fraction", "0.2"],
         ["--verbatim", "shared+per-head", "--verbatim-fraction", "0.2"],
-        ["--every", "64", "--target-source", "online"],
+        ["--every", "64", "--target-source", "oracle"],
     ):
         assert main([*argv, *flags]) == 2
         err = " ".join(capsys.readouterr().err.split())

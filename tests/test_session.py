@@ -162,9 +162,9 @@ def test_sequential_with_head_wise_shares_keeps_each_turns_budget_and_measures_i
 
 
 def test_cli_glue_builds_a_reportable_multiturn_cache(tiny_llama, transcript, tmp_path):
-    flags = ["--target-source", "online", "--verbatim", "shared", "--verbatim-keep-by", "surprisal", "--steps", "2"]
+    flags = ["--target-source", "oracle", "--verbatim", "shared", "--verbatim-keep-by", "surprisal", "--steps", "2"]
     plan = recipe_from_args(build_parser().parse_args(["compress", "t.json", "--out", "c.safetensors", *flags]))
-    assert plan.verbatim == "shared" and plan.shared.keep_by == "surprisal" and plan.target_source == "online"
+    assert plan.verbatim == "shared" and plan.shared.keep_by == "surprisal" and plan.target_source == "oracle"
     spliced = compress_with(tiny_llama, transcript, (1, 5), get_method("vkv", recipe=plan, per_turn=True), 3.2)
     rendered = render(transcript, tiny_llama.tokenizer)
     spans = [(s.start, s.end) for s in rendered.spans]  # as `vkv eval` splices: the text before and after whole
