@@ -315,7 +315,8 @@ class Session:
 
 
 def session_method(method: Any) -> Method:
-    """The method a session compresses by: a built one as it is, or the registered method `method` names; refused, naming the choices, when it cannot compress a session's messages."""
+    """The method a session compresses by: a built one as it is, or the registered method `method` names; refused,
+    naming the choices, when it cannot compress a session's messages."""
     if isinstance(method, str):
         renamed = upgrade.renamed_method(method)
         if renamed or method not in METHODS:

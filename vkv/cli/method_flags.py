@@ -138,6 +138,7 @@ def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
     a method also declares (`--head-budget`, `--distill-steps`, …) is checked with the methods' options
     (`given_options`)."""
     shared = set(method_options())
+    turn_by_turn = any(getattr(args, key, None) for key in ("per_turn", "every", "auto_ratio"))
     for s in flat_settings(VkvRecipe):
         given = getattr(args, s.key, None)
         if given is None or given == s.default or s.key in shared:
@@ -150,7 +151,6 @@ def refuse_unused_recipe_flags(args: argparse.Namespace, classes: list) -> None:
             raise VkvError(
                 f"{s.flag}: it sets the shared verbatim part, which only --verbatim shared (or shared+per-head) keeps"
             )
-        turn_by_turn = any(getattr(args, key, None) for key in ("per_turn", "every", "auto_ratio"))
         if s.key == "target_source" and not turn_by_turn:
             raise VkvError(f"{s.flag}: it sets the targets of a run turn by turn (--per-turn, --every or --auto-ratio)")
 

@@ -49,6 +49,12 @@ class VirtualTokens(PerTurnMethod):
         return self.settings().compress.pooling == "attention"
 
     @property
+    def turn_by_turn(self) -> bool:
+        """Whether the span is compressed turn by turn on the running cache (a loop, or auto-ratio's one turn), the
+        only way its targets' source is read."""
+        return self.looped or self.settings().auto_ratio
+
+    @property
     def chooses_ratio(self) -> bool:
         """Whether each turn chooses its own ratio (auto-ratio), so that no ratio is given."""
         return self.settings().auto_ratio
@@ -64,7 +70,7 @@ class VirtualTokens(PerTurnMethod):
     def _compressed(self, work: SpanWork, budget: int | None, recipe: VkvRecipe, on_step) -> Segment | SegmentGroup:
         """The span's segment: turn by turn (per turn, in chunks, or the span as one turn choosing its ratio), or the
         whole span as the recipe's pipeline makes it."""
-        if self.looped or recipe.auto_ratio:
+        if self.turn_by_turn:
             return _turn_by_turn(work, budget, recipe, self)
         return recipe_segment(work, recipe, budget, on_step)
 
@@ -81,9 +87,8 @@ class VirtualTokens(PerTurnMethod):
     def config(self) -> dict[str, Any]:
         """The recipe and the loop; the targets' source only where a loop or auto-ratio reads it (a whole span's
         targets are the span's own), so that no run's identity carries a setting that does not act on it."""
-        recipe = self.settings()
-        config = recipe.to_dict()
-        if not (self.looped or recipe.auto_ratio):
+        config = self.settings().to_dict()
+        if not self.turn_by_turn:
             del config["target_source"]
         return {**config, **self.loop_config()}
 
